@@ -1,0 +1,29 @@
+"""ternop: ternary-weight linear layers for PyTorch and vLLM.
+
+Importing ternop registers ``torch.ops.ternop.linear`` and its CPU backend. It never
+imports vllm or triton and never initialises CUDA; the CUDA backends load on the first
+CUDA call.
+"""
+
+from ternop import cpu as _cpu  # noqa: F401  (registers the CPU backend)
+from ternop.format import BLOCK_SIZE, FORMAT_VERSION, FormatError, dequantize, pack_codes, unpack_codes
+from ternop.modules import QuantizeReport, TernaryLinear, quantize_module
+from ternop.ops import linear, ternary_linear
+from ternop.quantize import quantize_weight
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BLOCK_SIZE",
+    "FORMAT_VERSION",
+    "FormatError",
+    "QuantizeReport",
+    "TernaryLinear",
+    "dequantize",
+    "linear",
+    "pack_codes",
+    "quantize_module",
+    "quantize_weight",
+    "ternary_linear",
+    "unpack_codes",
+]

@@ -1,0 +1,98 @@
+"""The fake kernel of ``ternop::linear`` and the input checks every implementation shares.
+
+The checks use ``torch._check`` so that they hold for symbolic shapes under
+``torch.compile`` and raise a RuntimeError with the message in eager mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ternop.format import BLOCK_SIZE, CODES_PER_BYTE
+
+X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_linear_inputs(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> tuple[int, int]:
+    """Checks the arguments of ``ternop::linear`` and returns (N, K).
+
+    x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4];
+    weight_scale: float16 [N, K/128]; bias: [N] in x's dtype, or None.
+    """
+    torch._check(
+        x.dtype in X_DTYPES,
+        lambda: f"ternop.linear: x must be float16, bfloat16 or float32, got {x.dtype}",
+    )
+    torch._check(x.dim() >= 1, lambda: "ternop.linear: x must have at least 1 dimension [..., K], got a 0-d tensor")
+    torch._check(
+        weight_packed.dtype == torch.uint8,
+        lambda: f"ternop.linear: weight_packed must be uint8 [N, K/4], got dtype {weight_packed.dtype}",
+    )
+    torch._check(
+        weight_packed.dim() == 2,
+        lambda: f"ternop.linear: weight_packed must be 2-D [N, K/4], got shape {tuple(weight_packed.shape)}",
+    )
+    torch._check(
+        weight_scale.dtype == torch.float16,
+        lambda: f"ternop.linear: weight_scale must be float16 [N, K/{BLOCK_SIZE}], got dtype {weight_scale.dtype}",
+    )
+    torch._check(
+        weight_scale.dim() == 2,
+        lambda: f"ternop.linear: weight_scale must be 2-D [N, K/{BLOCK_SIZE}], got shape {tuple(weight_scale.shape)}",
+    )
+    n = weight_packed.shape[0]
+    k = weight_packed.shape[1] * CODES_PER_BYTE
+    torch._check(
+        n > 0 and k > 0,
+        lambda: f"ternop.linear: weight_packed is empty, shape {tuple(weight_packed.shape)}",
+    )
+    torch._check(
+        k % BLOCK_SIZE == 0,
+        lambda: f"ternop.linear: K={k} must be a multiple of {BLOCK_SIZE} "
+        f"(weight_packed [N, K/4] has shape {tuple(weight_packed.shape)})",
+    )
+    torch._check(
+        x.shape[-1] == k,
+        lambda: f"ternop.linear: x has K={x.shape[-1]} in its last dimension, but weight_packed "
+        f"{tuple(weight_packed.shape)} holds K={k} (K/4={weight_packed.shape[1]})",
+    )
+    torch._check(
+        weight_scale.shape[0] == n and weight_scale.shape[1] == k // BLOCK_SIZE,
+        lambda: f"ternop.linear: weight_scale must have shape [N, K/{BLOCK_SIZE}] = [{n}, {k // BLOCK_SIZE}], "
+        f"got {list(weight_scale.shape)}",
+    )
+    torch._check(
+        weight_packed.device == x.device and weight_scale.device == x.device,
+        lambda: f"ternop.linear: all tensors must be on one device, got x on {x.device}, "
+        f"weight_packed on {weight_packed.device}, weight_scale on {weight_scale.device}",
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == n,
+            lambda: f"ternop.linear: bias must have shape [N] = [{n}], got {list(bias.shape)}",
+        )
+        torch._check(
+            bias.dtype == x.dtype,
+            lambda: f"ternop.linear: bias must have x's dtype {x.dtype}, got {bias.dtype}",
+        )
+        torch._check(
+            bias.device == x.device,
+            lambda: f"ternop.linear: bias is on {bias.device} but x is on {x.device}",
+        )
+    return n, k
+
+
+def linear_fake(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mirrors the real allocation: a new contiguous [..., N] tensor in x's dtype."""
+    n, _ = check_linear_inputs(x, weight_packed, weight_scale, bias)
+    return x.new_empty((*x.shape[:-1], n))

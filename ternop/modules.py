@@ -1,0 +1,108 @@
+"""nn.Module API: a ternary linear layer, and in-place conversion of a model's nn.Linear layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, SCALE_DTYPE, dequantize, packed_bytes
+from ternop.ops import ternary_linear
+from ternop.quantize import quantize_weight
+from ternop.selection import should_quantize
+
+
+class TernaryLinear(nn.Module):
+    """A linear layer with ternary weights: y = x @ (codes * scale).T + bias.
+
+    Buffers: ``weight_packed`` uint8 [out, in/4], ``weight_scale`` float16 [out, in/128],
+    ``bias`` [out] or None. Inference-only.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        if in_features % BLOCK_SIZE != 0:
+            raise ValueError(f"in_features={in_features} must be a multiple of {BLOCK_SIZE}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.register_buffer(
+            "weight_packed",
+            torch.zeros((out_features, in_features // CODES_PER_BYTE), dtype=torch.uint8, device=device),
+        )
+        self.register_buffer(
+            "weight_scale",
+            torch.zeros((out_features, in_features // BLOCK_SIZE), dtype=SCALE_DTYPE, device=device),
+        )
+        if bias:
+            self.register_buffer("bias", torch.zeros(out_features, dtype=dtype or torch.float32, device=device))
+        else:
+            self.bias = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, method: str = "optimal") -> "TernaryLinear":
+        """Quantizes an nn.Linear (its bias is kept in its dtype)."""
+        w = linear.weight.detach()
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device=w.device,
+            dtype=w.dtype,
+        )
+        packed, scale = quantize_weight(w, method)
+        layer.weight_packed.copy_(packed)
+        layer.weight_scale.copy_(scale)
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias.detach())
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return ternary_linear(x, self.weight_packed, self.weight_scale, bias)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize(self.weight_packed, self.weight_scale, dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+@dataclass
+class QuantizeReport:
+    """What quantize_module did: names converted, names left dense (with why), and weight bytes."""
+
+    quantized: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    dense_bytes: int = 0
+    ternary_bytes: int = 0
+
+    def __str__(self) -> str:
+        ratio = self.dense_bytes / self.ternary_bytes if self.ternary_bytes else float("nan")
+        return (
+            f"quantized {len(self.quantized)} linear layers, left {len(self.skipped)} dense; "
+            f"their weights: {self.dense_bytes:,} B -> {self.ternary_bytes:,} B ({ratio:.2f}x smaller)"
+        )
+
+
+@torch.no_grad()
+def quantize_module(model: nn.Module, skip=(), method: str = "optimal") -> QuantizeReport:
+    """Replaces, in place, each nn.Linear chosen by ``ternop.selection`` with a TernaryLinear."""
+    report = QuantizeReport()
+    targets = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        ok, why = should_quantize(name, module.in_features, skip)
+        if ok:
+            targets.append((name, module))
+        else:
+            report.skipped[name] = why
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, TernaryLinear.from_linear(module, method))
+        report.quantized.append(name)
+        report.dense_bytes += module.weight.numel() * module.weight.element_size()
+        report.ternary_bytes += packed_bytes(module.out_features, module.in_features)
+    return report

@@ -1,0 +1,87 @@
+"""``torch.ops.ternop.linear``: the schema, the public entry point, and dispatch.
+
+    ternop::linear(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
+
+x [..., K] float16/bfloat16/float32 (any strides), weight_packed uint8 [N, K/4],
+weight_scale float16 [N, K/128], bias [N] in x's dtype or None -> a new [..., N] tensor
+in x's dtype, accumulated in fp32. The op is functional (it mutates nothing) and
+inference-only: it has no backward.
+
+Every device runs the same entry: check, reshape x to a contiguous [M, K], pick a
+backend from the registry for this M, reshape the result back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ternop import backends
+from ternop.meta import check_linear_inputs, linear_fake
+
+SCHEMA = "(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
+QUALNAME = "ternop::linear"
+
+_lib = torch.library.Library("ternop", "DEF")
+_lib.define("linear" + SCHEMA)
+
+_cuda_loaded = False
+
+
+def _load_cuda_backends() -> None:
+    # Deferred so that `import ternop` never imports triton or touches CUDA.
+    global _cuda_loaded
+    if not _cuda_loaded:
+        import ternop.cuda  # noqa: F401  (registers the CUDA backends)
+
+        _cuda_loaded = True
+
+
+def _linear_impl(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    n, k = check_linear_inputs(x, weight_packed, weight_scale, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    if x2.shape[0] == 0:
+        return x.new_empty((*lead, n))
+    if x2.device.type == "cuda":
+        _load_cuda_backends()
+    backend = backends.select(x2, weight_packed, weight_scale, bias)
+    out = backend.run(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias)
+    return out.view(*lead, n)
+
+
+_lib.impl("linear", _linear_impl, "CPU")
+_lib.impl("linear", _linear_impl, "CUDA")
+torch.library.register_fake(QUALNAME, linear_fake, lib=_lib)
+
+
+def _backward(ctx, grad):
+    raise RuntimeError(
+        "ternop.linear is inference-only: it has no backward. Run it under torch.no_grad() / "
+        "torch.inference_mode(), or train with a straight-through estimator on dense weights "
+        "(see `ternop distill`)."
+    )
+
+
+torch.library.register_autograd(QUALNAME, _backward, lib=_lib)
+
+
+def ternary_linear(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x @ dequantize(weight_packed, weight_scale).T + bias, via ``torch.ops.ternop.linear``.
+
+    x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4];
+    weight_scale: float16 [N, K/128]; bias: [N] in x's dtype or None. Returns [..., N] in x's dtype.
+    """
+    return torch.ops.ternop.linear(x, weight_packed, weight_scale, bias)
+
+
+linear = ternary_linear
