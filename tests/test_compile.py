@@ -1,0 +1,95 @@
+import expecttest
+import torch
+from torch import nn
+from torch.fx.node import _get_qualified_name
+
+import ternop
+from ternop import TernaryLinear
+from tests.reference import random_packed
+
+
+class TwoLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = TernaryLinear(256, 384, bias=True)
+        self.down = TernaryLinear(384, 128, bias=False)
+        for layer in (self.up, self.down):
+            packed, scale = random_packed(layer.out_features, layer.in_features)
+            layer.weight_packed.copy_(packed)
+            layer.weight_scale.copy_(scale)
+        self.up.bias.normal_()
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_compile_fullgraph_dynamic_two_m():
+    torch._dynamo.reset()
+    model = TwoLayer().eval()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for m in (3, 17):
+            x = torch.randn(2, m, 256)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    explanation = torch._dynamo.explain(model)(torch.randn(5, 256))
+    assert explanation.graph_break_count == 0
+    assert explanation.graph_count == 1
+
+
+def test_compile_one_trace_serves_many_m():
+    # Like vLLM: one trace with a symbolic M; later sizes must not recompile or reuse a fixed M.
+    torch._dynamo.reset()
+    counts = {"compiles": 0}
+
+    def backend(gm, example_inputs):
+        counts["compiles"] += 1
+        return gm.forward
+
+    model = TwoLayer().eval()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for m in (2, 9, 300):
+            x = torch.randn(m, 256)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert counts["compiles"] == 1
+
+
+class TestExpected(expecttest.TestCase):
+    def test_schema(self):
+        self.assertExpectedInline(
+            str(torch.ops.ternop.linear.default._schema),
+            """ternop::linear(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor""",
+        )
+
+    def test_traced_graph(self):
+        torch._dynamo.reset()
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        model = TwoLayer().eval()
+        with torch.no_grad():
+            torch.compile(model, backend=backend, fullgraph=True)(torch.randn(4, 256))
+        ops = [
+            f"{node.op} {_get_qualified_name(node.target)}"
+            for node in graphs[0].graph.nodes
+            if node.op == "call_function"
+        ]
+        self.assertExpectedInline(
+            "\n".join(ops),
+            """\
+call_function torch.ops.ternop.linear
+call_function torch.relu
+call_function torch.ops.ternop.linear""",
+        )
+
+
+def test_ternary_linear_module_matches_dense():
+    model = TwoLayer().eval()
+    x = torch.randn(4, 256)
+    up_w = ternop.dequantize(model.up.weight_packed, model.up.weight_scale)
+    down_w = ternop.dequantize(model.down.weight_packed, model.down.weight_scale)
+    ref = torch.relu(x @ up_w.T + model.up.bias) @ down_w.T
+    torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)

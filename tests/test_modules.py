@@ -1,0 +1,91 @@
+import pytest
+import torch
+from torch import nn
+
+import ternop
+from ternop import TernaryLinear, quantize_module
+from ternop.selection import should_quantize
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Linear(128, 128)
+        self.odd = nn.Linear(100, 128)
+        self.out = nn.Linear(128, 256, bias=False)
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 128)
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.lm_head = nn.Linear(256, 10)
+        self.pooler = nn.Linear(256, 256)
+
+
+def test_from_linear_matches_dequantized_dense():
+    linear = nn.Linear(256, 64)
+    layer = TernaryLinear.from_linear(linear, method="absmean")
+    packed, scale = ternop.quantize_weight(linear.weight, "absmean")
+    assert torch.equal(layer.weight_packed, packed) and torch.equal(layer.weight_scale, scale)
+    x = torch.randn(5, 256)
+    ref = x @ ternop.dequantize(packed, scale).T + linear.bias
+    torch.testing.assert_close(layer(x), ref.detach(), rtol=1e-5, atol=1e-5)
+    assert set(dict(layer.named_buffers())) == {"weight_packed", "weight_scale", "bias"}
+    assert list(layer.parameters()) == []
+
+
+def test_from_linear_bf16_bias_follows_input_dtype():
+    linear = nn.Linear(128, 32).to(torch.bfloat16)
+    layer = TernaryLinear.from_linear(linear)
+    assert layer.bias.dtype == torch.bfloat16
+    assert layer(torch.randn(2, 128, dtype=torch.float16)).dtype == torch.float16
+
+
+def test_quantize_module_report_and_swap():
+    model = Tiny()
+    report = quantize_module(model, skip=["layers.1.out"])
+    assert report.quantized == ["layers.0.query", "layers.0.out", "layers.1.query"]
+    assert report.skipped == {
+        "layers.0.odd": "K=100 is not a multiple of 128",
+        "layers.1.odd": "K=100 is not a multiple of 128",
+        "layers.1.out": "matches skip pattern 'layers.1.out'",
+        "lm_head": "matches skip pattern 'lm_head'",
+        "pooler": "outside the transformer blocks",
+    }
+    assert isinstance(model.layers[0].query, TernaryLinear)
+    assert type(model.layers[1].out) is nn.Linear
+    dense = (128 * 128 + 256 * 128 + 128 * 128) * 4
+    assert report.dense_bytes == dense
+    assert report.ternary_bytes == (128 * 32 + 128 * 2) * 2 + 256 * 32 + 256 * 2
+    assert "3 linear layers" in str(report)
+
+
+def test_quantize_module_output_close_to_dense_for_ternary_weights():
+    # Weights that are already ternary x one scale per block quantize exactly.
+    model = Tiny()
+    with torch.no_grad():
+        w = torch.randint(-1, 2, (128, 128)).float() * 0.25
+        model.layers[0].query.weight.copy_(w)
+    x = torch.randn(3, 128)
+    before = model.layers[0].query(x)
+    quantize_module(model)
+    torch.testing.assert_close(model.layers[0].query(x), before.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, k, skip, expected",
+    [
+        ("model.layers.3.mlp.down_proj", 3072, (), (True, "")),
+        ("encoder.layer.0.attention.self.query", 384, (), (True, "")),
+        ("transformer.h.2.attn.c_proj", 768, (), (True, "")),
+        ("encoder.layer.0.attention.self.query", 384, ("attention",), (False, "matches skip pattern 'attention'")),
+        ("model.layers.3.mlp.down_proj", 3072, ("*.3.*",), (False, "matches skip pattern '*.3.*'")),
+        ("lm_head", 4096, (), (False, "matches skip pattern 'lm_head'")),
+        ("pooler.dense", 384, (), (False, "outside the transformer blocks")),
+        ("model.layers.0.mlp.up_proj", 100, (), (False, "K=100 is not a multiple of 128")),
+    ],
+)
+def test_selection_rules(name, k, skip, expected):
+    assert should_quantize(name, k, skip) == expected

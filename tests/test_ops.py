@@ -1,0 +1,160 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ternop
+from ternop import backends, cpu
+from tests.reference import linear_fp64, random_packed
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def _check_2x_rule(x, packed, scale, bias=None):
+    """Error vs the fp64 oracle is at most 2x that of F.linear on dequantized weights in x's dtype."""
+    y = ternop.linear(x, packed, scale, bias)
+    ref = linear_fp64(x, packed, scale, bias)
+    w = ternop.dequantize(packed, scale, x.dtype)
+    baseline = F.linear(x, w, bias)
+    assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], packed.shape[0])
+    assert _rel_err(y, ref) <= 2 * _rel_err(baseline, ref) + 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 257])
+def test_linear_numerics_2d(dtype, m):
+    packed, scale = random_packed(136, 384)
+    x = torch.randn(m, 384).to(dtype)
+    _check_2x_rule(x, packed, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_numerics_3d_bias_noncontiguous(dtype):
+    packed, scale = random_packed(64, 256)
+    bias = torch.randn(64).to(dtype)
+    x3 = torch.randn(2, 5, 256).to(dtype)
+    _check_2x_rule(x3, packed, scale, bias)
+    x_nc = torch.randn(512, 7).to(dtype).t()[:, ::2]  # [7, 256], strides (1, 14)
+    assert not x_nc.is_contiguous()
+    _check_2x_rule(x_nc, packed, scale, bias)
+    assert torch.equal(ternop.linear(x_nc, packed, scale, bias), ternop.linear(x_nc.contiguous(), packed, scale, bias))
+
+
+def test_linear_empty_m():
+    packed, scale = random_packed(16, 128)
+    y = ternop.linear(torch.randn(0, 3, 128), packed, scale)
+    assert y.shape == (0, 3, 16)
+
+
+def test_linear_1d_input():
+    packed, scale = random_packed(16, 128)
+    x = torch.randn(128)
+    y = ternop.linear(x, packed, scale)
+    assert y.shape == (16,)
+    assert torch.allclose(y, ternop.linear(x[None], packed, scale)[0])
+
+
+def test_linear_reserved_code_reads_as_zero():
+    packed, scale = random_packed(16, 128)
+    x = torch.randn(4, 128)
+    zeroed = packed.clone()
+    zeroed[3, 7] = 0
+    corrupt = packed.clone()
+    corrupt[3, 7] = 0xFF
+    assert torch.equal(ternop.linear(x, corrupt, scale), ternop.linear(x, zeroed, scale))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (257, 256), (2, 3, 256), "noncontiguous"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_opcheck_cpu(dtype, shape, with_bias):
+    packed, scale = random_packed(40, 256)
+    if shape == "noncontiguous":
+        x = torch.randn(256, 6).to(dtype).t()
+    else:
+        x = torch.randn(*shape).to(dtype)
+    bias = torch.randn(40).to(dtype) if with_bias else None
+    torch.library.opcheck(torch.ops.ternop.linear.default, (x, packed, scale, bias))
+
+
+def test_linear_cpu_memory_is_bounded(monkeypatch):
+    # A 14336 x 4096 layer with M=1 must never dequantize the whole fp32 matrix (235 MB).
+    seen = []
+    real = cpu.dequantize
+
+    def spy(wp, ws, dtype):
+        seen.append(wp.shape[0] * wp.shape[1] * 4)
+        return real(wp, ws, dtype)
+
+    monkeypatch.setattr(cpu, "dequantize", spy)
+    packed = torch.zeros((14336, 1024), dtype=torch.uint8)
+    scale = torch.ones((14336, 32), dtype=torch.float16)
+    y = ternop.linear(torch.randn(1, 4096), packed, scale)
+    assert y.shape == (1, 14336)
+    assert sum(seen) == 14336 * 4096
+    assert max(seen) * 4 <= 16 * 2**20
+
+
+_GOOD = dict(n=16, k=256)
+
+
+def _args(**over):
+    packed, scale = random_packed(_GOOD["n"], _GOOD["k"])
+    args = dict(x=torch.randn(3, _GOOD["k"]), weight_packed=packed, weight_scale=scale, bias=None)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (dict(x=torch.randint(0, 3, (3, 256))), "x must be float16, bfloat16 or float32, got torch.int64"),
+        (dict(x=torch.tensor(1.0)), "x must have at least 1 dimension"),
+        (dict(x=torch.randn(3, 384)), r"x has K=384 .* holds K=256"),
+        (dict(weight_packed=torch.zeros(16, 64, dtype=torch.int8)), "weight_packed must be uint8"),
+        (dict(weight_packed=torch.zeros(16, 64, 1, dtype=torch.uint8)), "weight_packed must be 2-D"),
+        (dict(weight_packed=torch.zeros(16, 48, dtype=torch.uint8), x=torch.randn(3, 192)), "K=192 must be a multiple of 128"),
+        (dict(weight_packed=torch.zeros(0, 64, dtype=torch.uint8)), "weight_packed is empty"),
+        (dict(weight_scale=torch.ones(16, 2)), "weight_scale must be float16"),
+        (dict(weight_scale=torch.ones(15, 2, dtype=torch.float16)), r"weight_scale must have shape \[N, K/128\] = \[16, 2\], got \[15, 2\]"),
+        (dict(weight_scale=torch.ones(16, 1, dtype=torch.float16)), r"= \[16, 2\], got \[16, 1\]"),
+        (dict(bias=torch.randn(15)), r"bias must have shape \[N\] = \[16\]"),
+        (dict(bias=torch.randn(16, dtype=torch.float16)), "bias must have x's dtype torch.float32"),
+        (dict(x=torch.randn(3, 256, device="meta")), "all tensors must be on one device"),
+    ],
+)
+def test_linear_errors_name_the_argument(over, message):
+    with pytest.raises(RuntimeError, match=message):
+        ternop.linear(**_args(**over))
+
+
+def test_linear_backward_is_an_error():
+    packed, scale = random_packed(8, 128)
+    x = torch.randn(2, 128, requires_grad=True)
+    y = ternop.linear(x, packed, scale)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        y.sum().backward()
+
+
+def test_backend_forced_and_explained(monkeypatch):
+    packed, scale = random_packed(8, 128)
+    x = torch.randn(2, 128)
+    monkeypatch.setenv("TERNOP_BACKEND", "cpu")
+    assert torch.equal(ternop.linear(x, packed, scale), cpu._linear_cpu(x, packed, scale, None))
+    monkeypatch.setenv("TERNOP_BACKEND", "no_such_backend")
+    with pytest.raises(RuntimeError, match="'no_such_backend' names no backend; registered: .*'cpu'"):
+        ternop.linear(x, packed, scale)
+    monkeypatch.delenv("TERNOP_BACKEND")
+    assert ("cpu", True, "") in backends.explain(x, packed, scale)
+
+
+def test_backend_rejections_are_reported(monkeypatch):
+    never = backends.Backend("never", "cpu", 0, lambda *a: (False, "M too large"), run=None)
+    monkeypatch.setattr(backends, "_BACKENDS", {"never": never})
+    monkeypatch.setattr(backends, "_ORDER", {})
+    packed, scale = random_packed(8, 128)
+    with pytest.raises(RuntimeError, match="no backend can run x \\(2, 128\\).*never: M too large"):
+        ternop.linear(torch.randn(2, 128), packed, scale)
