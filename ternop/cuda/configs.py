@@ -1,0 +1,96 @@
+"""Static kernel configurations: per GPU architecture, M buckets -> kernel config.
+
+There is no run-time autotuning (it would sync, and it is not capture-safe). The tables
+were picked offline with ``benchmarks/bench_linear.py --sweep`` on an H200 (sm90); other
+architectures fall back to conservative configs that compile everywhere.
+
+A backend serves an M only if one of its buckets covers it; the registry asks backends in
+priority order, so these tables also decide which backend runs for each M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Triton CUDA-core GEMV: BLOCK_N rows per program, BLOCK_K (multiple of 128) per step."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Triton tensor-core GEMM tile; BLOCK_K is fixed at one 128-wide scale block."""
+
+    block_m: int
+    block_n: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class CudaGemvConfig:
+    """The CUDA C++ kernel picks its own launch shape; the table only bounds M."""
+
+
+# backend name -> ascending list of (largest M served, config).
+Table = dict[str, list[tuple[int, object]]]
+
+_BIG = 1 << 62
+
+SM90: Table = {
+    "cuda_gemv": [(4, CudaGemvConfig())],
+    "triton_gemv": [(4, GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3))],
+    "triton_gemm": [
+        (16, GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4)),
+        (32, GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)),
+        (64, GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)),
+        (256, GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
+        (_BIG, GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
+    ],
+}
+
+DEFAULT: Table = {
+    "cuda_gemv": [(4, CudaGemvConfig())],
+    "triton_gemv": [(4, GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=2))],
+    "triton_gemm": [
+        (16, GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)),
+        (64, GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)),
+        (_BIG, GemmConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)),
+    ],
+}
+
+TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
+
+_ARCH_CACHE: dict[int, str] = {}
+
+
+def arch_key(device: torch.device) -> str:
+    """'sm90' for Hopper, else 'default'. Cached per device index (no per-call driver query)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = _ARCH_CACHE.get(index)
+    if key is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        key = f"sm{major}{minor}" if f"sm{major}{minor}" in TABLES else "default"
+        _ARCH_CACHE[index] = key
+    return key
+
+
+def lookup(backend: str, m: int, device: torch.device) -> tuple[object | None, str]:
+    """(config, "") for the first bucket of ``backend`` that covers M, else (None, reason)."""
+    arch = arch_key(device)
+    buckets = TABLES[arch].get(backend, [])
+    for max_m, config in buckets:
+        if m <= max_m:
+            return config, ""
+    if not buckets:
+        return None, f"no {backend} configs for {arch}"
+    return None, f"M={m} is above {backend}'s largest bucket (M <= {buckets[-1][0]}) on {arch}"

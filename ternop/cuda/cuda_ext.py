@@ -1,0 +1,68 @@
+"""JIT build and load of the CUDA C++ kernel (``ternop::linear_cuda``), with a persistent cache.
+
+The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
+the reason and the registry skips the ``cuda_gemv`` backend. The build runs once per
+process at most, on the first CUDA call that could use it; its output is cached under
+``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch.
+``TERNOP_NO_CUDA_EXT=1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "linear_cuda.cpp", CSRC / "ternary_gemv.cu")
+ENV_CACHE = "TERNOP_CUDA_CACHE"
+ENV_DISABLE = "TERNOP_NO_CUDA_EXT"
+
+_state: dict[str, object] = {}
+
+
+def cache_dir(capability: tuple[int, int]) -> Path:
+    root = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "ternop" / "cuda")
+    tag = f"torch{torch.__version__.replace('+', '_')}-cuda{torch.version.cuda}-sm{capability[0]}{capability[1]}"
+    return root / tag
+
+
+def _build() -> tuple[bool, str]:
+    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+        return False, f"disabled by {ENV_DISABLE}"
+    if hasattr(torch.ops.ternop, "linear_cuda"):
+        return True, ""  # already registered (an earlier load in this process)
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return False, "torch has no CUDA device"
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:
+        return False, "nvcc not found (CUDA_HOME is unset)"
+    capability = torch.cuda.get_device_capability()
+    build_dir = cache_dir(capability)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # Build for this GPU only: one cubin, and a short compile.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{capability[0]}.{capability[1]}")
+    try:
+        cpp_extension.load(
+            name="ternop_cuda_ext",
+            sources=[str(s) for s in SOURCES],
+            extra_cflags=["-O3", "-std=c++17"],
+            extra_cuda_cflags=["-O3", "-std=c++17"],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # any compiler or loader failure makes the backend unavailable
+        return False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+    if not hasattr(torch.ops.ternop, "linear_cuda"):
+        return False, "the library loaded but did not register ternop::linear_cuda"
+    return True, ""
+
+
+def load() -> tuple[bool, str]:
+    """Builds (once) and loads the extension. Returns (ok, reason)."""
+    if "result" not in _state:
+        _state["result"] = _build()
+    return _state["result"]  # type: ignore[return-value]

@@ -1,0 +1,96 @@
+"""The CUDA backends of ternop::linear and their ``can_implement`` answers.
+
+Order (lower priority first): ``cuda_gemv`` (CUDA C++, small M), ``triton_gemv`` (small
+M), ``triton_gemm`` (tensor cores, every M). Which M each one takes comes from the static
+per-architecture table in ``ternop.cuda.configs``; the choice is made per call from the
+real M, so one compiled graph serves every batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ternop import backends
+from ternop.cuda import configs
+
+_triton: dict[str, object] = {}
+
+
+def _triton_ops():
+    """The triton_op module, imported on first use; (module or None, reason)."""
+    if "mod" not in _triton:
+        try:
+            from ternop.cuda import triton_ops
+
+            _triton["mod"], _triton["why"] = triton_ops, ""
+        except Exception as exc:  # triton missing or too old
+            _triton["mod"], _triton["why"] = None, f"triton unavailable: {type(exc).__name__}: {exc}"
+    return _triton["mod"], _triton["why"]
+
+
+def _common(x2: torch.Tensor, weight_packed: torch.Tensor) -> str:
+    if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"x dtype {x2.dtype} is not float16/bfloat16/float32"
+    if weight_packed.data_ptr() % 16 or x2.data_ptr() % 16:
+        return "x and weight_packed must be 16-byte aligned"
+    if x2.shape[1] >= 1 << 31 or weight_packed.shape[0] >= 1 << 31:
+        return "N and K must fit in int32"
+    return ""
+
+
+def _can_triton(name: str):
+    def can_implement(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
+        mod, why = _triton_ops()
+        if mod is None:
+            return False, why
+        why = _common(x2, weight_packed)
+        if why:
+            return False, why
+        config, why = configs.lookup(name, x2.shape[0], x2.device)
+        return config is not None, why
+
+    return can_implement
+
+
+def _run_triton_gemv(x2, weight_packed, weight_scale, bias):
+    config, _ = configs.lookup("triton_gemv", x2.shape[0], x2.device)
+    return torch.ops.ternop._linear_triton_gemv(
+        x2, weight_packed, weight_scale, bias, config.block_n, config.block_k, config.num_warps, config.num_stages
+    )
+
+
+def _run_triton_gemm(x2, weight_packed, weight_scale, bias):
+    config, _ = configs.lookup("triton_gemm", x2.shape[0], x2.device)
+    return torch.ops.ternop._linear_triton_gemm(
+        x2, weight_packed, weight_scale, bias,
+        config.block_m, config.block_n, config.group_m, config.num_warps, config.num_stages,
+    )
+
+
+def _can_cuda_gemv(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
+    config, why = configs.lookup("cuda_gemv", x2.shape[0], x2.device)
+    if config is None:
+        return False, why
+    why = _common(x2, weight_packed)
+    if why:
+        return False, why
+    from ternop.cuda import cuda_ext
+
+    ok, why = cuda_ext.load()
+    return ok, why if ok else f"extension not built: {why}"
+
+
+def _run_cuda_gemv(x2, weight_packed, weight_scale, bias):
+    return torch.ops.ternop.linear_cuda(x2, weight_packed, weight_scale, bias)
+
+
+BACKENDS = (
+    backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
+    backends.Backend("triton_gemv", "cuda", 20, _can_triton("triton_gemv"), _run_triton_gemv),
+    backends.Backend("triton_gemm", "cuda", 30, _can_triton("triton_gemm"), _run_triton_gemm),
+)
+
+
+def register_all() -> None:
+    for backend in BACKENDS:
+        backends.register(backend)

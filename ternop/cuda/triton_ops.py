@@ -1,0 +1,80 @@
+"""The Triton kernels as private torch ops, so torch.compile can see into them.
+
+    ternop::_linear_triton_gemv(x, weight_packed, weight_scale, bias, block_n, block_k, num_warps, num_stages)
+    ternop::_linear_triton_gemm(x, weight_packed, weight_scale, bias, block_m, block_n, group_m, num_warps, num_stages)
+
+x [M, K] contiguous fp16/bf16/fp32; weight_packed uint8 [N, K/4] (4-byte aligned, read as
+int32 [N, K/16]); weight_scale fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N]
+in x's dtype. The launchers allocate only the output (caching allocator) and launch on
+the current stream; nothing syncs, so they are capture-safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+from ternop.cuda.triton_kernels import ternary_gemm_kernel, ternary_gemv_kernel
+
+
+@triton_op("ternop::_linear_triton_gemv", mutates_args={})
+def linear_triton_gemv(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    block_n: int,
+    block_k: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    w32 = weight_packed.view(torch.int32)
+    grid = (triton.cdiv(n, block_n), m)
+    wrap_triton(ternary_gemv_kernel)[grid](
+        x, w32, weight_scale, bias if bias is not None else x, out,
+        n, k,
+        x.stride(0), w32.stride(0), weight_scale.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+@triton_op("ternop::_linear_triton_gemm", mutates_args={})
+def linear_triton_gemm(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    block_m: int,
+    block_n: int,
+    group_m: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    w32 = weight_packed.view(torch.int32)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    wrap_triton(ternary_gemm_kernel)[grid](
+        x, w32, weight_scale, bias if bias is not None else x, out,
+        m, n, k,
+        x.stride(0), w32.stride(0), weight_scale.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None,
+        # v * scale is exact in fp16 and fp32 but not in bf16 (8-bit mantissa).
+        FOLD_SCALE=x.dtype != torch.bfloat16,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        GROUP_M=group_m,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out

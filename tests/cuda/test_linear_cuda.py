@@ -1,0 +1,195 @@
+"""ternop.linear on CUDA: every backend against an fp64 oracle, opcheck, compile and CUDA graphs.
+
+Skipped without a CUDA device. The oracle dequantizes on the GPU in fp64 (the numpy oracle
+of tests/reference.py is too slow for 14336-wide layers); tests/test_ops.py already pins
+``ternop.format.dequantize`` against that independent reading.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ternop
+from ternop import backends
+from tests.reference import random_packed
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+BACKENDS = ["cuda_gemv", "triton_gemv", "triton_gemm"]
+SMALL_M = {"cuda_gemv": 4, "triton_gemv": 4, "triton_gemm": 1 << 30}
+
+# (M, K, N): every M, K and N of the issue appears, in a sample that runs in seconds.
+SHAPES = [
+    (1, 128, 128),
+    (1, 4096, 1152),
+    (1, 14336, 4096),
+    (2, 384, 136),
+    (2, 3072, 4096),
+    (3, 1024, 1152),
+    (3, 14336, 136),
+    (4, 4096, 128),
+    (16, 3072, 4096),
+    (17, 4096, 136),
+    (127, 14336, 128),
+    (128, 1024, 4096),
+    (257, 384, 1152),
+    (4097, 4096, 4096),
+]
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def _weights(n: int, k: int, reserved: bool = False):
+    g = torch.Generator().manual_seed(n * 100003 + k)
+    packed, scale = random_packed(n, k, generator=g, reserved=reserved)
+    return packed.cuda(), scale.cuda()
+
+
+def _check(y, x, packed, scale, bias=None):
+    """The 2x rule: error vs fp64 at most 2x that of F.linear on dequantized weights in x's dtype."""
+    w64 = ternop.dequantize(packed, scale, torch.float64)
+    ref = F.linear(x.double(), w64, None if bias is None else bias.double())
+    baseline = F.linear(x, ternop.dequantize(packed, scale, x.dtype), bias)
+    assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], packed.shape[0])
+    err, base = _rel_err(y, ref), _rel_err(baseline, ref)
+    assert err <= 2 * base + 1e-6, f"rel err {err:.3g} > 2 x F.linear's {base:.3g}"
+
+
+def _force(monkeypatch, name):
+    if name is not None:
+        monkeypatch.setenv(backends.ENV_BACKEND, name)
+
+
+def _skip_unavailable(name, x, packed, scale):
+    if name is None:
+        return
+    ternop.linear(x[:1], packed, scale)  # loads the CUDA backends
+    backend = backends._BACKENDS[name]
+    ok, why = backend.can_implement(x.reshape(-1, x.shape[-1]), packed, scale, None)
+    if not ok and name == "cuda_gemv" and "extension not built" in why:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", [None, *BACKENDS])
+def test_linear_cuda_numerics(monkeypatch, name, dtype):
+    for m, k, n in SHAPES:
+        if name is not None and m > SMALL_M[name]:
+            continue
+        packed, scale = _weights(n, k)
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        _skip_unavailable(name, x, packed, scale)
+        _force(monkeypatch, name)
+        _check(ternop.linear(x, packed, scale), x, packed, scale)
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", [None, *BACKENDS])
+def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
+    k, n = 1024, 136
+    packed, scale = _weights(n, k)
+    bias = torch.randn(n, device="cuda").to(dtype)
+    m_total = 4 if name in ("cuda_gemv", "triton_gemv") else 40
+    x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
+    _skip_unavailable(name, x3, packed, scale)
+    _force(monkeypatch, name)
+    _check(ternop.linear(x3, packed, scale, bias), x3, packed, scale, bias)
+    x_nc = torch.randn(2 * k, m_total, device="cuda").to(dtype).t()[:, ::2]  # [M, K], strides (1, 2M)
+    assert not x_nc.is_contiguous()
+    y = ternop.linear(x_nc, packed, scale, bias)
+    _check(y, x_nc, packed, scale, bias)
+    assert torch.equal(y, ternop.linear(x_nc.contiguous(), packed, scale, bias))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_linear_cuda_reserved_code_reads_as_zero(monkeypatch, name):
+    packed, scale = _weights(264, 512, reserved=True)
+    assert bool((((packed & (packed >> 1)) & 0x55) != 0).any())
+    x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
+    _skip_unavailable(name, x, packed, scale)
+    _force(monkeypatch, name)
+    _check(ternop.linear(x, packed, scale), x, packed, scale)
+
+
+def test_linear_cuda_dispatch_by_m():
+    packed, scale = _weights(256, 512)
+    chosen = {}
+    for m in (1, 4, 5, 64, 4096):
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        ternop.linear(x, packed, scale)
+        chosen[m] = backends.select(x, packed, scale).name
+    assert chosen[4096] == "triton_gemm" and chosen[64] == "triton_gemm" and chosen[5] == "triton_gemm"
+    assert chosen[1] in ("cuda_gemv", "triton_gemv")
+    reasons = dict((name, why) for name, ok, why in backends.explain(x, packed, scale) if not ok)
+    assert "M=4096" in reasons["triton_gemv"]
+
+
+@pytest.mark.parametrize("m", [1, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_cuda_opcheck(m, with_bias):
+    packed, scale = _weights(136, 384)
+    x = torch.randn(m, 384, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(136, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    torch.library.opcheck(torch.ops.ternop.linear.default, (x, packed, scale, bias))
+    torch.library.opcheck(torch.ops.ternop._linear_triton_gemm.default, (x, packed, scale, bias, 16, 64, 8, 4, 3))
+
+
+def test_linear_cuda_compile_dynamic_m_one_graph():
+    """vLLM traces once with a symbolic M: M=1 and M=4096 must both be right in that graph."""
+    packed, scale = _weights(1152, 1024)
+    bias = torch.randn(1152, device="cuda", dtype=torch.bfloat16)
+
+    def f(x):
+        return ternop.linear(x, packed, scale, bias) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    x_small = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    x_big = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    y_small = compiled(x_small)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        y_big = compiled(x_big)
+    _check(y_small / 2, x_small, packed, scale, bias)
+    _check(y_big / 2, x_big, packed, scale, bias)
+    torch.testing.assert_close(y_small, f(x_small), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("m", [1, 3, 64, 1000])
+def test_linear_cuda_graph_capture_replays(m):
+    packed, scale = _weights(4096, 1024)
+    bias = torch.randn(4096, device="cuda", dtype=torch.float16)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: JIT compiles and the extension build happen here
+        for _ in range(2):
+            ternop.linear(x, packed, scale, bias)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ternop.linear(x, packed, scale, bias)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, ternop.linear(x, packed, scale, bias), rtol=0, atol=0)
+
+
+def test_linear_cuda_reduce_overhead_matches_eager():
+    packed, scale = _weights(1152, 4096)
+
+    def f(x):
+        return ternop.linear(x, packed, scale)
+
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for m in (1, 1, 1, 256, 256, 256):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        y = compiled(x).clone()
+        torch.testing.assert_close(y, f(x), rtol=0, atol=0)
