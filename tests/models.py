@@ -34,9 +34,12 @@ def _vocab_tokenizer(dst: Path, lowercase: bool = True) -> None:
     tok.save_pretrained(str(dst))
 
 
-def tiny_bert(dst: str | os.PathLike, *, hidden: int = 128, layers: int = 2, heads: int = 2,
-              intermediate: int = 256, seed: int = 0) -> Path:  # fmt: skip
-    """A random BertModel (head size hidden/heads = 64) saved with save_pretrained (fp32 safetensors)."""
+def tiny_bert(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, heads: int = 4,
+              intermediate: int = 512, seed: int = 0) -> Path:  # fmt: skip
+    """A random BertModel (head size hidden/heads = 64) saved with save_pretrained (fp32 safetensors).
+
+    Every K is a multiple of 256, so tensor_parallel_size=2 keeps K per rank a multiple of 128.
+    """
     from transformers import BertConfig, BertModel
 
     dst = Path(dst)
@@ -51,9 +54,12 @@ def tiny_bert(dst: str | os.PathLike, *, hidden: int = 128, layers: int = 2, hea
     return dst
 
 
-def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-               head_dim: int = 32, intermediate: int = 256, seed: int = 0) -> Path:  # fmt: skip
-    """A random Qwen3Model (GQA, head size 32) saved with save_pretrained (fp32 safetensors).
+def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, heads: int = 8, kv_heads: int = 4,
+               head_dim: int = 32, intermediate: int = 512, seed: int = 0) -> Path:  # fmt: skip
+    """A random Qwen3Model (GQA 8/4 heads, head size 32) saved with save_pretrained (fp32 safetensors).
+
+    Every K (hidden 256, heads*head_dim 256, intermediate 512) is a multiple of 256, so
+    tensor_parallel_size=2 keeps K per rank a multiple of 128.
 
     Pooling in vLLM: last token, normalized (Qwen3-Embedding style).
     """
@@ -95,7 +101,7 @@ def hf_model_from_checkpoint(path: str | os.PathLike):
     model = AutoModel.from_config(config, dtype=torch.float32).eval()
     state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in dequantized_state_dict(path).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if "position_ids" not in m]
+    missing = [m for m in missing if "position_ids" not in m and not m.startswith("pooler.")]
     if missing:
         raise AssertionError(f"reference model lacks weights for {missing[:5]}")
     return model

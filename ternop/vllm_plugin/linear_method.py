@@ -1,0 +1,112 @@
+"""``TernaryLinearMethod``: ternary weights inside vLLM's linear layers.
+
+Parameters (per tensor-parallel rank, K = input_size_per_partition, N = sum(output_partition_sizes)):
+    weight_packed  uint8   [N, K/4]    PackedvLLMParameter, packed along the input dim, factor 4
+    weight_scale   float16 [N, K/128]  GroupQuantScaleParameter
+Because both are vLLM parameter classes, vLLM's own weight_loader_v2 slices them for column,
+row, fused QKV and merged gate/up layers: rows along the output dim, and along K for row-parallel
+layers (K/tp must be a multiple of 128 so that byte and block boundaries fall on rank boundaries).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import ternop  # noqa: F401  (registers torch.ops.ternop.linear)
+from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, PACKED_DTYPE, SCALE_DTYPE, FormatError, validate
+from ternop.vllm_plugin._compat import (
+    GroupQuantScaleParameter,
+    LinearMethodBase,
+    PackedvLLMParameter,
+    register_weight_loader_v2,
+)
+
+_EXPECTED = {"weight_packed": (PACKED_DTYPE, CODES_PER_BYTE), "weight_scale": (SCALE_DTYPE, BLOCK_SIZE)}
+
+
+def _checked_loader(weight_loader, prefix: str, name: str, input_size: int):
+    """Wraps vLLM's loader: the checkpoint tensor's dtype and K extent are checked first, and a
+    shape mismatch inside vLLM's slicing is reported with the layer name instead of a bare assert."""
+    dtype, per = _EXPECTED[name]
+
+    def load(param, loaded_weight: torch.Tensor, *args, **kwargs):
+        shard = f" (shard {args[0] if args else kwargs.get('loaded_shard_id')})" if args or kwargs else ""
+        where = f"{prefix}.{name}{shard}"
+        if loaded_weight.dtype != dtype:
+            raise FormatError(f"{where}: checkpoint tensor must be {dtype}, got {loaded_weight.dtype}")
+        if loaded_weight.dim() != 2 or loaded_weight.shape[1] * per != input_size:
+            raise FormatError(
+                f"{where}: checkpoint tensor must be 2-D [N, K/{per}] with K={input_size}, "
+                f"i.e. [N, {input_size // per}], got {list(loaded_weight.shape)}"
+            )
+        try:
+            return weight_loader(param, loaded_weight, *args, **kwargs)
+        except (AssertionError, RuntimeError) as e:
+            raise FormatError(
+                f"{where}: checkpoint tensor of shape {list(loaded_weight.shape)} does not fit the layer's "
+                f"parameter {list(param.shape)} ({type(e).__name__}: {e})"
+            ) from e
+
+    return load
+
+
+@register_weight_loader_v2
+class TernaryLinearMethod(LinearMethodBase):
+    """Creates the packed weight and scales, validates them after loading, runs ``ternop::linear``."""
+
+    def __init__(self, quant_config, prefix: str = ""):
+        self.quant_config = quant_config
+        self.prefix = prefix
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
+        prefix = self.prefix or getattr(layer, "prefix", "") or type(layer).__name__
+        k, n = input_size_per_partition, sum(output_partition_sizes)
+        if k % BLOCK_SIZE != 0:
+            tp = max(1, input_size // k)
+            raise ValueError(
+                f"{prefix}: ternary layers need K per tensor-parallel rank to be a multiple of {BLOCK_SIZE}; "
+                f"K={input_size} split {tp} ways gives {k}. Use a tensor_parallel_size that keeps "
+                f"K/tp a multiple of {BLOCK_SIZE}, or keep this layer dense (ternop quantize --skip)"
+            )
+        weight_loader = extra_weight_attrs.pop("weight_loader")
+        weight_packed = PackedvLLMParameter(
+            data=torch.empty(n, k // CODES_PER_BYTE, dtype=PACKED_DTYPE),
+            input_dim=1,
+            output_dim=0,
+            packed_dim=1,
+            packed_factor=CODES_PER_BYTE,
+            weight_loader=_checked_loader(weight_loader, prefix, "weight_packed", input_size),
+        )
+        weight_scale = GroupQuantScaleParameter(
+            data=torch.empty(n, k // BLOCK_SIZE, dtype=SCALE_DTYPE),
+            input_dim=1,
+            output_dim=0,
+            weight_loader=_checked_loader(weight_loader, prefix, "weight_scale", input_size),
+        )
+        layer.register_parameter("weight_packed", weight_packed)
+        layer.register_parameter("weight_scale", weight_scale)
+        layer.ternop_prefix = prefix
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        prefix = getattr(layer, "ternop_prefix", self.prefix)
+        validate(layer.weight_packed.data, layer.weight_scale.data, name=prefix)
+        # Plain Parameters from here on: the vLLM subclasses carry loaders that the forward
+        # pass never needs, and Dynamo traces plain tensors more simply.
+        for name in ("weight_packed", "weight_scale"):
+            data = getattr(layer, name).data
+            delattr(layer, name)
+            layer.register_parameter(name, torch.nn.Parameter(data, requires_grad=False))
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        return torch.ops.ternop.linear(x, layer.weight_packed, layer.weight_scale, bias)
