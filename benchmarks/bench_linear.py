@@ -126,8 +126,10 @@ def run_bench(args) -> dict:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
                 row = {}
                 for name, (fn, calls) in impls(x, tern, dense).items():
-                    us = time_graph(fn, calls)
-                    row[name] = us
+                    try:
+                        row[name] = time_graph(fn, calls)
+                    except Exception as exc:  # report a broken backend, keep measuring the rest
+                        print(f"  {name} failed at K={k} N={n} M={m}: {type(exc).__name__}: {exc}"[:400], flush=True)
                 base = row["cublas_bf16"]
                 for name, us in row.items():
                     results.append({
@@ -136,9 +138,10 @@ def run_bench(args) -> dict:
                         "GBps": round(bytes_moved(name, m, k, n) / us / 1e3, 1),
                         "TFLOPs": round(2 * m * n * k / us / 1e6, 2),
                     })
-                best = min((v, kname) for kname, v in row.items() if kname.startswith("backend:"))
-                print(f"{family:5s} {k:6d}->{n:6d} M={m:5d}  bf16 {base:9.2f} us  ternop {row['ternop']:9.2f} us "
-                      f"x{base / row['ternop']:5.2f}  best {best[1][8:]} x{base / best[0]:5.2f}"
+                best = min([(v, kname) for kname, v in row.items() if kname.startswith("backend:")] or [(math.inf, "-")])
+                tern_us = row.get("ternop", math.inf)
+                print(f"{family:5s} {k:6d}->{n:6d} M={m:5d}  bf16 {base:9.2f} us  ternop {tern_us:9.2f} us "
+                      f"x{base / tern_us:5.2f}  best {best[1][8:]} x{base / best[0]:5.2f}"
                       + (f"  dequant x{base / row['dequant_bf16']:5.2f}" if "dequant_bf16" in row else ""),
                       flush=True)
             del tern, dense

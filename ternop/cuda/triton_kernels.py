@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 # 2^23 as fp32 bits: OR-ing an integer i < 2^23 into the mantissa gives the float 2^23 + i.
-_MAGIC = 0x4B000000
-_MAGIC_PLUS_2 = 8388610.0
+_MAGIC = tl.constexpr(0x4B000000)
+_MAGIC_PLUS_2 = tl.constexpr(8388610.0)
 
 
 @triton.jit

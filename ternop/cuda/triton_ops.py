@@ -18,6 +18,49 @@ from torch.library import triton_op, wrap_triton
 from ternop.cuda.triton_kernels import ternary_gemm_kernel, ternary_gemv_kernel
 
 
+def launch_gemv(kernel, x, weight_packed, weight_scale, bias, block_n, block_k, num_warps, num_stages):
+    """Allocates out and launches the GEMV through ``kernel`` (the raw kernel, or wrap_triton of it)."""
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    w32 = weight_packed.view(torch.int32)
+    grid = (triton.cdiv(n, block_n), m)
+    kernel[grid](
+        x, w32, weight_scale, bias if bias is not None else x, out,
+        n, k,
+        x.stride(0), w32.stride(0), weight_scale.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+def launch_gemm(kernel, x, weight_packed, weight_scale, bias, block_m, block_n, group_m, num_warps, num_stages):
+    """Allocates out and launches the GEMM through ``kernel`` (the raw kernel, or wrap_triton of it)."""
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    w32 = weight_packed.view(torch.int32)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    kernel[grid](
+        x, w32, weight_scale, bias if bias is not None else x, out,
+        m, n, k,
+        x.stride(0), w32.stride(0), weight_scale.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None,
+        # v * scale is exact in fp16 and fp32 but not in bf16 (8-bit mantissa).
+        FOLD_SCALE=x.dtype != torch.bfloat16,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        GROUP_M=group_m,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
 @triton_op("ternop::_linear_triton_gemv", mutates_args={})
 def linear_triton_gemv(
     x: torch.Tensor,
@@ -29,22 +72,9 @@ def linear_triton_gemv(
     num_warps: int,
     num_stages: int,
 ) -> torch.Tensor:
-    m, k = x.shape
-    n = weight_packed.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    w32 = weight_packed.view(torch.int32)
-    grid = (triton.cdiv(n, block_n), m)
-    wrap_triton(ternary_gemv_kernel)[grid](
-        x, w32, weight_scale, bias if bias is not None else x, out,
-        n, k,
-        x.stride(0), w32.stride(0), weight_scale.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=num_warps,
-        num_stages=num_stages,
+    return launch_gemv(
+        wrap_triton(ternary_gemv_kernel), x, weight_packed, weight_scale, bias, block_n, block_k, num_warps, num_stages
     )
-    return out
 
 
 @triton_op("ternop::_linear_triton_gemm", mutates_args={})
@@ -59,22 +89,7 @@ def linear_triton_gemm(
     num_warps: int,
     num_stages: int,
 ) -> torch.Tensor:
-    m, k = x.shape
-    n = weight_packed.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    w32 = weight_packed.view(torch.int32)
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    wrap_triton(ternary_gemm_kernel)[grid](
-        x, w32, weight_scale, bias if bias is not None else x, out,
-        m, n, k,
-        x.stride(0), w32.stride(0), weight_scale.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None,
-        # v * scale is exact in fp16 and fp32 but not in bf16 (8-bit mantissa).
-        FOLD_SCALE=x.dtype != torch.bfloat16,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        GROUP_M=group_m,
-        num_warps=num_warps,
-        num_stages=num_stages,
+    return launch_gemm(
+        wrap_triton(ternary_gemm_kernel), x, weight_packed, weight_scale, bias,
+        block_m, block_n, group_m, num_warps, num_stages,
     )
-    return out

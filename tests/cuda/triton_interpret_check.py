@@ -2,8 +2,8 @@
 
 tests/cuda/test_triton_interpret.py starts this in a subprocess, because the variable
 must be set before triton is first imported and must not leak into other tests. It
-calls the private ops (their launchers and kernels), not ``ternop::linear``, whose CPU
-dispatch goes to the CPU backend. Exits non-zero with a message on the first failure.
+calls the launchers with the raw kernels (wrap_triton refuses interpreted kernels on some
+triton versions), not ``ternop::linear``, whose CPU dispatch goes to the CPU backend. Exits non-zero with a message on the first failure.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> int:
         packed, scale = random_packed(n, k, reserved=True)
         x = torch.randn(m, k).to(dtype)
         bias = torch.randn(n).to(dtype) if with_bias else None
-        y = triton_ops.linear_triton_gemv(x, packed, scale, bias, 16, 256, 4, 1)
+        y = triton_ops.launch_gemv(triton_kernels.ternary_gemv_kernel, x, packed, scale, bias, 16, 256, 4, 1)
         ok &= check("gemv", y, x, packed, scale, bias)
     for m, k, n, dtype, with_bias in [
         (17, 384, 40, torch.float16, True),
@@ -57,7 +57,7 @@ def main() -> int:
         packed, scale = random_packed(n, k, reserved=True)
         x = torch.randn(m, k).to(dtype)
         bias = torch.randn(n).to(dtype) if with_bias else None
-        y = triton_ops.linear_triton_gemm(x, packed, scale, bias, 16, 16, 2, 4, 1)
+        y = triton_ops.launch_gemm(triton_kernels.ternary_gemm_kernel, x, packed, scale, bias, 16, 16, 2, 4, 1)
         ok &= check("gemm", y, x, packed, scale, bias)
     # The unfolded path: fp32 partial per 128-wide block times that block's scale.
     m, k, n = 9, 256, 24
