@@ -187,6 +187,11 @@ def server_env(max_inputs: int = DEFAULT_MAX_INPUTS, max_body_bytes: int = DEFAU
     return env
 
 
+def default_dtype() -> str:
+    """float32 on CPU (vLLM's "auto" picks float16 there, which AVX2 machines run slowly), else auto."""
+    return "auto" if _has_gpu() else "float32"
+
+
 def _has_gpu() -> bool:
     if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
         return False
@@ -290,7 +295,8 @@ def add_arguments(parser) -> None:
                         help="the name clients send as 'model' (default: the folder's name)")
     parser.add_argument("--runner", choices=["auto", "pooling", "generate"], default="auto",
                         help="auto: pooling for embedding models, generate for *ForCausalLM")
-    parser.add_argument("--dtype", default="auto", help="activation dtype (auto, float32, bfloat16, float16)")
+    parser.add_argument("--dtype", default=None,
+                        help="activation dtype: auto, float32, bfloat16, float16 (default: float32 on CPU, auto on GPU)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help=f"context length (default: the model's, capped at {LONG_CONTEXT_CAP})")
     parser.add_argument("--max-inputs", type=int, default=DEFAULT_MAX_INPUTS,
@@ -319,17 +325,28 @@ def add_arguments(parser) -> None:
     parser.parse_known_args = parse_known_args
 
 
+def prepare(model_dir, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+            runner: str = "auto", dtype: str | None = None, max_model_len: int | None = None,
+            max_inputs: int = DEFAULT_MAX_INPUTS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+            max_queued_requests: int | None = DEFAULT_MAX_QUEUED_REQUESTS, extra=()) -> tuple[list[str], dict]:
+    """(argv, env) of the server, with ternop's defaults and the request limits made consistent."""
+    if max_queued_requests and not supports_queue_cap():
+        print("ternop serve: this vLLM has no --max-num-queued-reqs; the request queue is unbounded", file=sys.stderr)
+        max_queued_requests = None
+    if max_queued_requests and max_inputs > max_queued_requests:
+        # Each input is one engine request: a batch larger than the queue would always get 503.
+        max_inputs = max_queued_requests
+    cmd = build_command(str(model_dir), host=host, port=port, served_model_name=served_model_name, runner=runner,
+                        dtype=dtype or default_dtype(), max_model_len=max_model_len,
+                        max_queued_requests=max_queued_requests, extra=extra)
+    return cmd, server_env(max_inputs, max_body_bytes)
+
+
 def main(args) -> int:
-    extra = list(args.vllm_args)
-    queued = args.max_queued_requests or None
-    if queued and not supports_queue_cap():
-        print("ternop serve: this vLLM has no --max-num-queued-reqs; the request queue is unbounded",
-              file=sys.stderr)
-        queued = None
-    cmd = build_command(args.model_dir, host=args.host, port=args.port, served_model_name=args.served_model_name,
-                        runner=args.runner, dtype=args.dtype, max_model_len=args.max_model_len,
-                        max_queued_requests=queued, extra=extra)
-    env = server_env(args.max_inputs, args.max_body_bytes)
+    cmd, env = prepare(args.model_dir, host=args.host, port=args.port, served_model_name=args.served_model_name,
+                       runner=args.runner, dtype=args.dtype, max_model_len=args.max_model_len,
+                       max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
+                       max_queued_requests=args.max_queued_requests or None, extra=args.vllm_args)
     print(" ".join(cmd), flush=True)
     if args.print_command:
         return 0
