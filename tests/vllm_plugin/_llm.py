@@ -1,0 +1,47 @@
+"""Helpers for the vLLM tests: build ternary checkpoints, run vLLM embed, compare with the HF reference."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+
+from tests.models import PROMPTS, hf_embed, hf_model_from_checkpoint
+
+COSINE_MIN = 0.99999  # fp32, per prompt
+
+
+def vllm_embed(path: str | Path, *, eager: bool, prompts=PROMPTS, **kwargs) -> tuple[torch.Tensor, list[dict]]:
+    """vLLM ``embed`` in fp32 -> (L2-normalized [len(prompts), hidden], per-worker count of layer methods)."""
+    from vllm import LLM
+
+    llm = LLM(model=str(path), runner="pooling", dtype="float32", max_model_len=128, enforce_eager=eager,
+              seed=0, **kwargs)  # fmt: skip
+    try:
+        outs = llm.embed(list(prompts))
+        methods = llm.apply_model(_count_methods)
+    finally:
+        del llm
+        gc.collect()
+    vecs = torch.tensor([o.outputs.embedding for o in outs], dtype=torch.float32)
+    return torch.nn.functional.normalize(vecs, dim=-1), methods
+
+
+def _count_methods(model) -> dict:
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            counts[type(method).__name__] = counts.get(type(method).__name__, 0) + 1
+    return counts
+
+
+def reference_embed(path: str | Path, pooling: str, prompts=PROMPTS) -> torch.Tensor:
+    return hf_embed(hf_model_from_checkpoint(path), path, list(prompts), pooling)
+
+
+def assert_close_embeddings(got: torch.Tensor, want: torch.Tensor) -> None:
+    cos = (got * want).sum(-1)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert bool((cos >= COSINE_MIN).all()), f"per-prompt cosine {cos.tolist()} below {COSINE_MIN}"
