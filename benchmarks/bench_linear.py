@@ -38,7 +38,7 @@ SHAPES = {
     "0.6B": [(1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024)],
     "8B": [(4096, 4096), (4096, 14336), (4096, 28672), (14336, 4096)],
 }
-MS = [1, 16, 32, 64, 128, 512, 2048, 8192]
+MS = [1, 8, 16, 32, 64, 128, 512, 2048, 8192]
 L2_BYTES = 50 * 2**20
 DTYPE = torch.bfloat16
 
@@ -171,6 +171,8 @@ def _triton_version():
 
 def run_sweep(args) -> None:
     """Times candidate configs of the Triton kernels; the winners go into ternop/cuda/configs.py."""
+    from ternop.cuda import triton_ops  # noqa: F401  (registers the private ops)
+
     ops = torch.ops.ternop
     cases = [(4096, 14336), (1024, 4096)]
     gemm_cands = {

@@ -37,17 +37,29 @@ class GemmConfig:
 
 
 @dataclass(frozen=True)
+class DequantConfig:
+    """Triton dequantize-to-dense tile, then cuBLAS."""
+
+    block_n: int = 32
+    block_k: int = 512
+
+
+@dataclass(frozen=True)
 class CudaGemvConfig:
     """The CUDA C++ kernel picks its own launch shape; the table only bounds M."""
 
 
-# backend name -> ascending list of (largest M served, config).
+# backend name -> ascending list of (largest M served, config). A backend also has a
+# smallest M (MIN_M): below it a cheaper backend is always better, so it declines.
 Table = dict[str, list[tuple[int, object]]]
 
 _BIG = 1 << 62
 
+# Measured on the H200 (benchmarks/results/h200/bench_linear.json): the CUDA C++ kernel
+# wins for M <= 8, the Triton GEMM for small M, and one dequantization pass plus cuBLAS
+# from M = 64 on (the in-GEMM decode costs more than the extra pass over the weights).
 SM90: Table = {
-    "cuda_gemv": [(4, CudaGemvConfig())],
+    "cuda_gemv": [(8, CudaGemvConfig())],
     "triton_gemv": [(4, GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3))],
     "triton_gemm": [
         (16, GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4)),
@@ -56,19 +68,24 @@ SM90: Table = {
         (256, GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
         (_BIG, GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
     ],
+    "dequant_cublas": [(_BIG, DequantConfig(block_n=32, block_k=512))],
 }
 
 DEFAULT: Table = {
-    "cuda_gemv": [(4, CudaGemvConfig())],
+    "cuda_gemv": [(8, CudaGemvConfig())],
     "triton_gemv": [(4, GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=2))],
     "triton_gemm": [
         (16, GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)),
         (64, GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)),
         (_BIG, GemmConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)),
     ],
+    "dequant_cublas": [(_BIG, DequantConfig(block_n=32, block_k=512))],
 }
 
 TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
+
+# backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
+MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 64, "default": 256}}
 
 _ARCH_CACHE: dict[int, str] = {}
 
@@ -82,6 +99,11 @@ def arch_key(device: torch.device) -> str:
         key = f"sm{major}{minor}" if f"sm{major}{minor}" in TABLES else "default"
         _ARCH_CACHE[index] = key
     return key
+
+
+def min_m(backend: str, device: torch.device) -> int:
+    """Smallest M the dispatcher gives ``backend`` on this device (1 when it has no floor)."""
+    return MIN_M.get(backend, {}).get(arch_key(device), 1)
 
 
 def lookup(backend: str, m: int, device: torch.device) -> tuple[object | None, str]:

@@ -1,12 +1,15 @@
 """The CUDA backends of ternop::linear and their ``can_implement`` answers.
 
 Order (lower priority first): ``cuda_gemv`` (CUDA C++, small M), ``triton_gemv`` (small
-M), ``triton_gemm`` (tensor cores, every M). Which M each one takes comes from the static
+M), ``dequant_cublas`` (large M: Triton dequantization, then cuBLAS), ``triton_gemm``
+(tensor cores, every M). Which M each one takes comes from the static
 per-architecture table in ``ternop.cuda.configs``; the choice is made per call from the
 real M, so one compiled graph serves every batch size.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -52,6 +55,22 @@ def _can_triton(name: str):
     return can_implement
 
 
+def _can_dequant_cublas(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
+    ok, why = _can_triton("dequant_cublas")(x2, weight_packed, weight_scale, bias)
+    if not ok:
+        return ok, why
+    floor = configs.min_m("dequant_cublas", x2.device)
+    if x2.shape[0] < floor and os.environ.get(backends.ENV_BACKEND) != "dequant_cublas":
+        return False, f"M={x2.shape[0]} is below M={floor}, where dequantizing first starts to pay"
+    return True, ""
+
+
+def _run_dequant_cublas(x2, weight_packed, weight_scale, bias):
+    config, _ = configs.lookup("dequant_cublas", x2.shape[0], x2.device)
+    mod, _ = _triton_ops()
+    return mod.linear_dequant_cublas(x2, weight_packed, weight_scale, bias, config.block_n, config.block_k)
+
+
 def _run_triton_gemv(x2, weight_packed, weight_scale, bias):
     config, _ = configs.lookup("triton_gemv", x2.shape[0], x2.device)
     return torch.ops.ternop._linear_triton_gemv(
@@ -87,6 +106,7 @@ def _run_cuda_gemv(x2, weight_packed, weight_scale, bias):
 BACKENDS = (
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_gemv", "cuda", 20, _can_triton("triton_gemv"), _run_triton_gemv),
+    backends.Backend("dequant_cublas", "cuda", 25, _can_dequant_cublas, _run_dequant_cublas),
     backends.Backend("triton_gemm", "cuda", 30, _can_triton("triton_gemm"), _run_triton_gemm),
 )
 

@@ -11,6 +11,8 @@ Both kernels read the packed weights as int32 words: ``weight_packed.view(int32)
   x's dtype; ``tl.dot`` runs per 128-wide K block and the block's scale multiplies the
   fp32 partial sum. For fp16/fp32 x, ``v * scale`` is exact in x's dtype, so the scale is
   folded into the decoded tile and the dot accumulates straight into the accumulator.
+- ``ternary_dequant_kernel``: writes the dense weight in x's dtype, for large M where one
+  dequantization pass plus cuBLAS beats decoding inside the GEMM.
 """
 
 from __future__ import annotations
@@ -163,3 +165,43 @@ def ternary_gemm_kernel(
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def ternary_dequant_kernel(
+    w_ptr, s_ptr, out_ptr,
+    N, K,
+    stride_wn, stride_sn, stride_on,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out [N, K] = value * scale, formed in fp32 and cast to out's dtype (as ternop.dequantize).
+
+    w int32 [N, K/16]; s fp16 [N, K/128]; BLOCK_K a multiple of 128; K is masked.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    WORDS: tl.constexpr = BLOCK_K // 16
+    BLOCKS: tl.constexpr = BLOCK_K // 128
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = pid_k * WORDS + tl.arange(0, WORDS)
+    mask_n = offs_n < N
+    words = tl.load(
+        w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :],
+        mask=mask_n[:, None] & (offs_w[None, :] < K // 16),
+        other=0,
+    )
+    v = tl.reshape(_values(_fields_last(words)), (BLOCK_N, BLOCKS, 128))
+    offs_b = pid_k * BLOCKS + tl.arange(0, BLOCKS)
+    scale = tl.load(
+        s_ptr + offs_n[:, None] * stride_sn + offs_b[None, :],
+        mask=mask_n[:, None] & (offs_b[None, :] < K // 128),
+        other=0.0,
+    ).to(tl.float32)
+    w = tl.reshape(v * scale[:, :, None], (BLOCK_N, BLOCK_K))
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(
+        out_ptr + offs_n[:, None] * stride_on + offs_k[None, :],
+        w.to(out_ptr.dtype.element_ty),
+        mask=mask_n[:, None] & (offs_k[None, :] < K),
+    )

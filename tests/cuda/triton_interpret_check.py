@@ -70,6 +70,19 @@ def main() -> int:
         HAS_BIAS=False, FOLD_SCALE=False, BLOCK_M=16, BLOCK_N=16, GROUP_M=1,
     )
     ok &= check("gemm unfolded", y, x, packed, scale, None)
+    # Dequantization matches ternop.dequantize bit for bit in fp16 and fp32. The interpreter
+    # converts fp32 -> bf16 without round-to-nearest, so bf16 is held to one bf16 ulp here.
+    packed, scale = random_packed(24, 640, reserved=True)
+    same = True
+    for dtype in (torch.float16, torch.float32, torch.bfloat16):
+        got = triton_ops.launch_dequant(triton_kernels.ternary_dequant_kernel, packed, scale, dtype, 16, 256)
+        want = ternop.dequantize(packed, scale, dtype)
+        if dtype == torch.bfloat16:
+            same &= bool(((got.float() - want.float()).abs() <= want.float().abs() * 2**-7).all())
+        else:
+            same &= torch.equal(got, want)
+    print(f"dequant: N=24 K=640 {'ok' if same else 'FAIL'}")
+    ok &= same
     return 0 if ok else 1
 
 

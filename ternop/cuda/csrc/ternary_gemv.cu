@@ -8,10 +8,11 @@
 // word therefore holds 16 consecutive codes of one row, code j in bits (2j, 2j+1).
 // weight_scale is fp16 [N, K/128].
 //
-// Work split. A group of TPR lanes (4..32, chosen from K) owns ROWS rows; each lane
-// streams 16-byte chunks (64 codes, half a scale block) of those rows. The x values of a
-// chunk are read once and reused for ROWS rows, which keeps L1 traffic for x below the
-// weight traffic. Partial sums are fp32; each chunk's partial is multiplied by its block
+// Work split. A group of TPR lanes (2..32, chosen from K) owns ROWS rows (4, or 2 when
+// M > 4 to bound registers); each lane streams 16-byte chunks (64 codes, half a scale
+// block) of those rows, loading the next chunk before it decodes the current one so that
+// two chunks per row are in flight. The x values of a chunk are read once and reused for
+// ROWS rows, which keeps L1 traffic for x below the weight traffic. Partial sums are fp32; each chunk's partial is multiplied by its block
 // scale before it joins the accumulator; lanes of a group reduce with warp shuffles.
 
 #include <cuda_bf16.h>
@@ -25,7 +26,6 @@ enum XDtype : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
 namespace {
 
-constexpr int kRows = 4;           // rows per lane group: x reuse factor
 constexpr int kThreads = 128;      // threads per block
 constexpr uint32_t kMagic = 0x4B000000u;  // 2^23 as fp32: OR-ing an integer < 2^23 into the mantissa gives 2^23 + i exactly
 
@@ -133,7 +133,7 @@ __device__ __forceinline__ void dot_word(uint32_t w, const float (&x)[M][16], fl
   }
 }
 
-template <typename T, int M, int TPR>
+template <typename T, int M, int TPR, int kRows>
 __global__ void __launch_bounds__(kThreads) ternary_gemv_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int N, int K) {
@@ -155,13 +155,21 @@ __global__ void __launch_bounds__(kThreads) ternary_gemv_kernel(
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  for (int c = active ? lane : chunks; c < chunks; c += TPR) {
-    uint4 wv[kRows];
+  auto load_chunk = [&](int c, uint4 (&wv)[kRows]) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int n = n0 + r;
-      wv[r] = n < N ? load_stream(wp + n * row_bytes + c * 16) : make_uint4(0, 0, 0, 0);
+      wv[r] = (n < N && c < chunks) ? load_stream(wp + n * row_bytes + c * 16) : make_uint4(0, 0, 0, 0);
     }
+  };
+  uint4 next[kRows];
+  int c = active ? lane : chunks;
+  load_chunk(c, next);
+  for (; c < chunks; c += TPR) {
+    uint4 wv[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wv[r] = next[r];
+    load_chunk(c + TPR, next);  // in flight while this chunk is decoded
     float part[kRows][M];
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -214,21 +222,22 @@ __global__ void __launch_bounds__(kThreads) ternary_gemv_kernel(
 template <typename T, int M>
 cudaError_t launch_m(const T* x, const uint8_t* wp, const __half* ws, const T* bias, T* out, int N, int K,
                      cudaStream_t stream) {
+  constexpr int kRows = M <= 4 ? 4 : 2;
   const int chunks = K / 64;
   const int groups = (N + kRows - 1) / kRows;
   // Fewer lanes per row group when a row has few chunks, so that no lane idles.
   if (chunks >= 32) {
     const int grid = (groups + kThreads / 32 - 1) / (kThreads / 32);
-    ternary_gemv_kernel<T, M, 32><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
+    ternary_gemv_kernel<T, M, 32, kRows><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
   } else if (chunks >= 16) {
     const int grid = (groups + kThreads / 16 - 1) / (kThreads / 16);
-    ternary_gemv_kernel<T, M, 16><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
+    ternary_gemv_kernel<T, M, 16, kRows><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
   } else if (chunks >= 8) {
     const int grid = (groups + kThreads / 8 - 1) / (kThreads / 8);
-    ternary_gemv_kernel<T, M, 8><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
+    ternary_gemv_kernel<T, M, 8, kRows><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
   } else {
     const int grid = (groups + kThreads / 2 - 1) / (kThreads / 2);
-    ternary_gemv_kernel<T, M, 2><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
+    ternary_gemv_kernel<T, M, 2, kRows><<<grid, kThreads, 0, stream>>>(x, wp, ws, bias, out, N, K);
   }
   return cudaGetLastError();
 }
@@ -244,6 +253,10 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
     case 2: return launch_m<T, 2>(xt, wp, ws, bt, ot, N, K, stream);
     case 3: return launch_m<T, 3>(xt, wp, ws, bt, ot, N, K, stream);
     case 4: return launch_m<T, 4>(xt, wp, ws, bt, ot, N, K, stream);
+    case 5: return launch_m<T, 5>(xt, wp, ws, bt, ot, N, K, stream);
+    case 6: return launch_m<T, 6>(xt, wp, ws, bt, ot, N, K, stream);
+    case 7: return launch_m<T, 7>(xt, wp, ws, bt, ot, N, K, stream);
+    case 8: return launch_m<T, 8>(xt, wp, ws, bt, ot, N, K, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -251,10 +264,10 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
 }  // namespace
 
 // Largest M the kernel is instantiated for; larger batches belong to the tensor-core GEMM.
-int ternary_gemv_max_m() { return 4; }
+int ternary_gemv_max_m() { return 8; }
 
 // x: [M, K] row-major in `dtype`; wp: uint8 [N, K/4]; ws: fp16 [N, K/128]; bias: [N] or
-// nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 4.
+// nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 8.
 cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                 void* out, int M, int N, int K, cudaStream_t stream) {
   if (M < 1 || M > ternary_gemv_max_m() || N < 1 || K < 128 || K % 128 != 0) return cudaErrorInvalidValue;
