@@ -1,0 +1,91 @@
+"""ternop validate: three status lines, exact TP shard checks through vLLM's loaders, failures named."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ternop import validate
+from ternop.checkpoint import load_ternary_layers, quantize_checkpoint
+from tests.models import tiny_bert, tiny_qwen3
+
+_RUN = "import sys; from ternop.cli import main; sys.exit(main(['validate', *sys.argv[1:]]))"
+
+
+@pytest.fixture(scope="module")
+def ternary_qwen3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3")
+    quantize_checkpoint(tiny_qwen3(root / "fp"), root / "ternary", method="absmean", progress=False)
+    return root / "ternary"
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _RUN, *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.mark.vllm
+def test_validate_tp2_on_qwen3_fixture(ternary_qwen3):
+    pytest.importorskip("vllm")
+    proc = _cli(ternary_qwen3, "--tp", "2")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("CPU_UNPACK: OK")
+    want_gpu = "GPU_LOAD: OK" if torch.cuda.is_available() else "GPU_LOAD: SKIPPED"
+    assert lines[1].startswith(want_gpu)
+    assert lines[2].startswith("TP_SHARD: OK") and "merged" in lines[2] and "qkv" in lines[2] and "row" in lines[2]
+
+
+@pytest.mark.vllm
+def test_validate_tp_shard_bert_column_and_tp4_failure(tmp_path):
+    pytest.importorskip("vllm")
+    dst = tmp_path / "ternary"
+    quantize_checkpoint(tiny_bert(tmp_path / "fp"), dst, method="absmean", progress=False)
+    lines, ok = validate.run(dst, tp=2)
+    assert ok and lines[2].startswith("TP_SHARD: OK") and "column" in lines[2], lines
+    lines, ok = validate.run(dst, tp=4)  # K=256 over 4 ranks is 64 per rank: not a whole block
+    assert not ok and lines[2].startswith("TP_SHARD: FAIL") and "attention.output.dense" in lines[2], lines
+
+
+@pytest.mark.vllm
+def test_tp_shard_check_detects_a_wrong_shard(ternary_qwen3, monkeypatch):
+    """If every rank got rank 0's rows, the exact comparison must notice."""
+    pytest.importorskip("vllm")
+    from ternop.vllm_plugin import sharding
+
+    real = sharding.simulated_rank
+    monkeypatch.setattr(sharding, "simulated_rank", lambda rank, world: real(0, world))
+    lines, ok = validate.run(ternary_qwen3, tp=2)
+    assert not ok and lines[2].startswith("TP_SHARD: FAIL ShardMismatch") and "rank 1/2" in lines[2], lines
+
+
+def test_validate_reports_reserved_code_naming_layer(ternary_qwen3, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(ternary_qwen3, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors["layers.0.self_attn.o_proj.weight_packed"][0, 0] = 0b1100_0000
+    save_file(tensors, str(bad / "model.safetensors"))
+    proc = _cli(bad, "--tp", "1")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 1 and len(lines) == 3, proc.stdout + proc.stderr
+    assert lines[0].startswith("CPU_UNPACK: FAIL") and "layers.0.self_attn.o_proj" in lines[0]
+    assert "reserved code" in lines[0]
+
+
+def test_validate_rejects_non_ternary_folder(tmp_path):
+    src = tiny_bert(tmp_path / "fp")
+    lines, ok = validate.run(src, tp=1)
+    assert not ok and lines[0].startswith("CPU_UNPACK: FAIL") and "quantization_config" in lines[0]
+
+
+def test_independent_unpacker_agrees_on_all_byte_values(ternary_qwen3):
+    packed = torch.arange(256, dtype=torch.uint8).reshape(1, 256)
+    values = validate._independent_values(packed)
+    assert values[0, 4 * 0b00_01_10_00 : 4 * 0b00_01_10_00 + 4].tolist() == [0, -1, 1, 0]
+    layers = load_ternary_layers(ternary_qwen3)
+    assert validate.check_cpu_unpack(ternary_qwen3).startswith(f"{len(layers)} layers")

@@ -1,0 +1,101 @@
+"""TernaryConfig / TernaryLinearMethod / register() without starting an engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from vllm.model_executor.layers import linear as L  # noqa: E402
+
+from ternop.vllm_plugin import register  # noqa: E402
+from ternop.vllm_plugin.config import TernaryConfig  # noqa: E402
+from ternop.vllm_plugin.linear_method import TernaryLinearMethod  # noqa: E402
+from ternop.vllm_plugin.sharding import simulated_rank  # noqa: E402
+
+
+def test_register_is_idempotent_and_makes_ternary_known():
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    register()
+    register()
+    assert get_quantization_config("ternary") is TernaryConfig
+    assert QUANTIZATION_METHODS.count("ternary") == 1
+
+
+def test_import_ternop_does_not_import_vllm():
+    code = "import sys, ternop, ternop.checkpoint, ternop.validate; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_config_defaults_and_errors():
+    cfg = TernaryConfig.from_config({"quant_method": "ternary"})
+    assert (cfg.format_version, cfg.block_size, cfg.modules_to_not_convert) == (1, 128, [])
+    assert cfg.get_name() == "ternary"
+    assert set(cfg.get_supported_act_dtypes()) == {torch.float16, torch.bfloat16, torch.float32}
+    with pytest.raises(ValueError, match="format_version 2"):
+        TernaryConfig.from_config({"quant_method": "ternary", "format_version": 2})
+    with pytest.raises(ValueError, match="block_size 64"):
+        TernaryConfig.from_config({"quant_method": "ternary", "block_size": 64})
+
+
+def test_skip_list_matches_fused_and_prefixed_names():
+    cfg = TernaryConfig(modules_to_not_convert=["encoder.layer.0.attention.self.query",
+                                                "encoder.layer.0.attention.self.key",
+                                                "encoder.layer.0.attention.self.value", "pooler.dense"])  # fmt: skip
+    cfg.packed_modules_mapping = {"qkv_proj": ["query", "key", "value"]}
+    assert cfg.is_skipped("model.encoder.layer.0.attention.self.qkv_proj")
+    assert not cfg.is_skipped("model.encoder.layer.1.attention.self.qkv_proj")
+    assert cfg.is_skipped("pooler.dense")
+    assert not cfg.is_skipped("model.encoder.layer.0.output.dense")
+    partial = TernaryConfig(modules_to_not_convert=["layers.0.self_attn.q_proj"])
+    partial.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.qkv_proj.*all be ternary or all dense"):
+        partial.is_skipped("model.layers.0.self_attn.qkv_proj")
+
+
+def test_get_quant_method_per_layer_kind():
+    cfg = TernaryConfig(modules_to_not_convert=["layers.0.mlp.down_proj"])
+    with simulated_rank(0, 1):
+        kept = L.RowParallelLinear(256, 128, bias=False, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+        tern = L.RowParallelLinear(256, 128, bias=True, quant_config=cfg, prefix="model.layers.1.mlp.down_proj")
+    assert isinstance(kept.quant_method, L.UnquantizedLinearMethod)
+    assert isinstance(tern.quant_method, TernaryLinearMethod)
+    assert tern.weight_packed.shape == (128, 64) and tern.weight_packed.dtype == torch.uint8
+    assert tern.weight_scale.shape == (128, 2) and tern.weight_scale.dtype == torch.float16
+    assert cfg.get_quant_method(torch.nn.Embedding(64, 128), "model.embed_tokens") is None
+    assert cfg.get_quant_method(torch.nn.LayerNorm(128), "model.layers.0.input_layernorm") is None
+
+
+def test_create_weights_rejects_k_per_rank_not_multiple_of_128():
+    cfg = TernaryConfig()
+    with simulated_rank(1, 2), pytest.raises(ValueError, match=r"model\.layers\.3\.self_attn\.o_proj.*K=384 split 2 ways gives 192"):
+        L.RowParallelLinear(384, 256, bias=False, quant_config=cfg, prefix="model.layers.3.self_attn.o_proj")
+
+
+def test_apply_matches_dense_linear_with_bias_cast():
+    from ternop.format import dequantize
+    from ternop.quantize import quantize_weight
+
+    cfg = TernaryConfig()
+    with simulated_rank(0, 1):
+        layer = L.ColumnParallelLinear(256, 384, bias=True, quant_config=cfg, prefix="layers.0.fc",
+                                       params_dtype=torch.float32, return_bias=False)  # fmt: skip
+    packed, scale = quantize_weight(torch.randn(384, 256), "optimal")
+    layer.weight_packed.weight_loader(layer.weight_packed, packed)
+    layer.weight_scale.weight_loader(layer.weight_scale, scale)
+    layer.bias.data.normal_()
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.float(), dequantize(packed, scale), layer.bias.float())
+    ref_err = (torch.nn.functional.linear(x, dequantize(packed, scale, torch.bfloat16), layer.bias.to(x.dtype)).float()
+               - want).abs().max()  # fmt: skip
+    assert (y.float() - want).abs().max() <= 2 * ref_err + 1e-3
