@@ -242,7 +242,7 @@ def worker_embed(args) -> dict:
 
     tiny = args.tiny
     llm = LLM(model=args.model, runner="pooling", convert="embed", dtype=args.dtype,
-              max_model_len=1024 if not tiny else 256, gpu_memory_utilization=0.85, seed=0,
+              max_model_len=1024, gpu_memory_utilization=0.3 if tiny else 0.85, seed=0,
               **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
     result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "throughput": {}, "latency": {}}
     llm.embed(_prompts(8, 32, 0), use_tqdm=False)  # warm-up
@@ -279,7 +279,7 @@ def worker_decode(args) -> dict:
     from vllm import LLM, SamplingParams
 
     tiny = args.tiny
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=512, gpu_memory_utilization=0.85, seed=0,
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=512, gpu_memory_utilization=0.3 if tiny else 0.85, seed=0,
               **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
     steps = 16 if tiny else 128
     result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "decode": {}}
@@ -330,6 +330,17 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+def _file_linear_bytes(shape: dict, dtype_bytes: int = 2) -> dict:
+    """Linear-layer weight bytes implied by the shapes: dense at dtype_bytes, and format v1."""
+    from ternop.format import packed_bytes
+
+    shapes = _linear_shapes(shape).values()
+    return {
+        "dense": sum(n * k * dtype_bytes for n, k in shapes),
+        "ternary": sum(packed_bytes(n, k) for n, k in shapes),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/h200/bench_vllm.json")
@@ -364,10 +375,11 @@ def main() -> None:
         t0 = time.perf_counter()
         dense = write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype)
         tern = work / "embed-ternary"
-        subprocess.run([sys.executable, "-m", "ternop.cli", "quantize", str(dense), str(tern), "--method", "absmean"],
+        subprocess.run([sys.executable, "-m", "ternop.cli", "quantize", str(dense), str(tern), "--method", "absmean", "--force"],
                        check=True)  # fmt: skip
         report["embed_prepare_s"] = time.perf_counter() - t0
-        res = {"shape": shape, "bf16": _run_worker("embed", dense, args), "ternary": _run_worker("embed", tern, args)}
+        res = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
+               "bf16": _run_worker("embed", dense, args), "ternary": _run_worker("embed", tern, args)}  # fmt: skip
         res["ratios"] = {
             **{
                 f"throughput_{w}": _ratio(res["ternary"].get("throughput", {}).get(w, {}).get("tokens_per_s"),
@@ -388,7 +400,8 @@ def main() -> None:
         shape = TINY_SHAPE if args.tiny else DECODE_SHAPE
         dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=args.dtype)
         tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=args.dtype)
-        res = {"shape": shape, "bf16": _run_worker("decode", dense, args, dummy=True),
+        res = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
+               "bf16": _run_worker("decode", dense, args, dummy=True),
                "ternary": _run_worker("decode", tern, args)}  # fmt: skip
         res["ratios"] = {
             **{
