@@ -177,13 +177,20 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 # ----------------------------------------------------------------------------------------
 
 
+def max_length(model_dir) -> int:
+    """Tokens per text: sentence-transformers' max_seq_length, within the model's position table."""
+    from ternop.evaldata import max_seq_length
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    positions = config.get("max_position_embeddings") or 1 << 30
+    return min(max_seq_length(str(model_dir)), positions)
+
+
 def _token_ids(model_dir, texts) -> tuple[list[list[int]], int]:
     """Token ids truncated as sentence-transformers does, so both backends see the same input."""
     from transformers import AutoTokenizer
 
-    from ternop.evaldata import max_seq_length
-
-    max_len = max_seq_length(str(model_dir))
+    max_len = max_length(model_dir)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     return tok(list(texts), truncation=True, max_length=max_len)["input_ids"], max_len
 
@@ -191,11 +198,11 @@ def _token_ids(model_dir, texts) -> tuple[list[list[int]], int]:
 def embed_hf_model(model_dir, texts, dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
     from transformers import AutoTokenizer
 
-    from ternop.evaldata import embed_model, max_seq_length, pooling_mode
+    from ternop.evaldata import embed_model, pooling_mode
 
     model = load_hf_model(model_dir, causal=False, dtype=dtype)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    emb = embed_model(model, tok, texts, pooling_mode(str(model_dir)), 16, max_seq_length(str(model_dir)))
+    emb = embed_model(model, tok, texts, pooling_mode(str(model_dir)), 16, max_length(model_dir))
     return emb, {}
 
 
@@ -276,7 +283,8 @@ def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
     from ternop.evaldata import perplexity_texts
 
     tok = AutoTokenizer.from_pretrained(str(base))
-    docs = [tok(t, return_tensors="pt")["input_ids"][:, :512] for t in perplexity_texts()]
+    window = min(512, json.loads((Path(base) / "config.json").read_text()).get("max_position_embeddings") or 512)
+    docs = [tok(t, return_tensors="pt")["input_ids"][:, :window] for t in perplexity_texts()]
     budget, batches = max_tokens, []
     for ids in docs:
         if budget <= 0:

@@ -1,0 +1,161 @@
+"""``ternop eval``: the loader of ternary checkpoints into HF models, byte counts, gates, and the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from ternop import evaluate
+from ternop.checkpoint import quantize_checkpoint
+from ternop.format import BLOCK_SIZE
+from tests.models import _vocab_tokenizer, hf_model_from_checkpoint, tiny_bert, tiny_qwen3
+
+
+@pytest.fixture(scope="module")
+def bert_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-bert")
+    base = tiny_bert(root / "base")
+    quant = root / "ternary"
+    quantize_checkpoint(base, quant, method="absmean", progress=False)
+    return base, quant
+
+
+@pytest.fixture(scope="module")
+def causal_pair(tmp_path_factory):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    root = tmp_path_factory.mktemp("eval-causal")
+    base = root / "base"
+    _vocab_tokenizer(base)
+    vocab = len((base / "vocab.txt").read_text().split("\n")) - 1
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, intermediate_size=256, max_position_embeddings=128,
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=2, eos_token_id=3)  # fmt: skip
+    Qwen3ForCausalLM(config).save_pretrained(str(base), safe_serialization=True)
+    quant = root / "ternary"
+    quantize_checkpoint(base, quant, method="absmean", progress=False)
+    return base, quant
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    return evaluate.main(parser.parse_args(argv))
+
+
+def test_evaluate_loader_matches_dequantized_reference(bert_pair):
+    """The TernaryLinear model computes what dense layers with the dequantized weights compute."""
+    _, quant = bert_pair
+    model = evaluate.load_hf_model(quant, causal=False)
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "TernaryLinear" in kinds
+    reference = hf_model_from_checkpoint(quant)
+    ids = torch.randint(5, 40, (2, 9))
+    with torch.no_grad():
+        got = model(input_ids=ids).last_hidden_state
+        want = reference(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+def test_evaluate_memory_counts_bytes_of_the_layout(bert_pair):
+    base, quant = bert_pair
+    names = list(evaluate.load_hf_model(quant, causal=False, meta=True).named_modules())
+    ternary = [m for _, m in names if type(m).__name__ == "TernaryLinear"]
+    weights = sum(m.in_features * m.out_features for m in ternary)
+    left_dense = sum(m.weight.numel() for _, m in names if isinstance(m, torch.nn.Linear))  # e.g. the pooler
+    got = evaluate.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
+    dense = evaluate.weight_memory(evaluate.load_hf_model(base, causal=False, meta=True))
+    # 2 bits per weight plus one fp16 scale per 128 weights, vs 4 bytes per fp32 weight.
+    assert got["mem_linear"] == weights // 4 + weights // BLOCK_SIZE * 2 + left_dense * 4
+    assert dense["mem_linear"] == (weights + left_dense) * 4
+    assert dense["mem_total"] - got["mem_total"] == dense["mem_linear"] - got["mem_linear"]
+    prefixes = [n for n, m in names if type(m).__name__ == "TernaryLinear"]
+    disk_t, disk_b = evaluate.disk_bytes(quant, prefixes), evaluate.disk_bytes(base, prefixes)
+    assert disk_t["disk_linear"] == weights // 4 + weights // BLOCK_SIZE * 2
+    assert disk_b["disk_linear"] == weights * 4
+
+
+def test_evaluate_gates_defaults_flags_and_file(tmp_path):
+    gates = evaluate.load_gates("embedding", None, [], [])
+    assert gates == evaluate.DEFAULT_GATES["embedding"]
+    cfg = tmp_path / "gates.json"
+    cfg.write_text(json.dumps({"min": {"wiki_r1": 0.5}, "max": {"ppl_ratio": 2}}))
+    gates = evaluate.load_gates("embedding", str(cfg), ["mean_cosine=0.9", "wiki_mrr=off"], [])
+    assert gates["min"]["mean_cosine"] == 0.9 and gates["min"]["wiki_r1"] == 0.5
+    assert "wiki_mrr" not in gates["min"] and gates["max"]["ppl_ratio"] == 2
+    failures = evaluate.check_gates({"mean_cosine": 0.95, "wiki_r1": 0.4, "ppl_ratio": 3}, gates)
+    assert len(failures) == 4  # wiki_r1 low, ppl_ratio high, two metrics missing
+    assert any("wiki_r1" in f for f in failures) and any("lee50_spearman" in f for f in failures)
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        evaluate.load_gates("embedding", None, ["mean_cosine"], [])
+
+
+def test_evaluate_embedding_report_hf(bert_pair, tmp_path, capsys):
+    base, quant = bert_pair
+    out = tmp_path / "report.json"
+    assert _run([str(base), str(quant), "--backend", "hf", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "Lee-50 Spearman" in table and "cosine to base, mean" in table
+    report = json.loads(out.read_text())
+    assert report["kind"] == "embedding" and report["agreement"]["n_texts"] == 222
+    ag = report["agreement"]
+    assert -1 <= ag["min_cosine"] <= ag["mean_cosine"] < 0.9999  # ternary differs from the base
+    for role in ("base", "ternary"):
+        m = report["models"][role]
+        assert 0 <= m["wiki_r1"] <= m["wiki_r10"] <= 1 and 0 < m["wiki_mrr"] <= 1
+    assert report["memory"]["ratios"]["disk_linear"] == pytest.approx(4 / (1 / 4 + 2 / BLOCK_SIZE))
+    assert report["summary"]["mean_cosine"] == ag["mean_cosine"]
+    assert report["gate"]["enabled"] is False
+
+
+def test_evaluate_rejects_a_plain_model_as_quant(bert_pair, capsys):
+    base, _ = bert_pair
+    assert _run([str(base), str(base), "--backend", "hf"]) == 2
+    assert "not a ternary checkpoint" in capsys.readouterr().err
+
+
+def test_evaluate_causal_report(causal_pair, tmp_path):
+    base, quant = causal_pair
+    out = tmp_path / "causal.json"
+    assert _run([str(base), str(quant), "--json", str(out), "--max-tokens", "600"]) == 0
+    report = json.loads(out.read_text())
+    assert report["kind"] == "causal" and report["backend"] == "hf"
+    b, t = report["models"]["base"], report["models"]["ternary"]
+    assert b["tokens"] == t["tokens"] > 0
+    vocab = len((base / "vocab.txt").read_text().split("\n")) - 1
+    # A random model is near uniform: perplexity about the vocabulary size.
+    assert vocab / 3 < b["perplexity"] < vocab * 3
+    assert 0 <= report["agreement"]["top1_agreement"] <= 1
+    assert report["agreement"]["ppl_ratio"] == pytest.approx(t["perplexity"] / b["perplexity"])
+
+
+def test_evaluate_gate_exit_code(causal_pair, capsys):
+    """The gate reads the reported numbers: a bound just past the measured value fails, just inside passes."""
+    base, quant = causal_pair
+    common = [str(base), str(quant), "--max-tokens", "300", "--gate"]
+    assert _run(common + ["--max", "ppl_ratio=1e-3"]) == 1
+    out = capsys.readouterr().out
+    assert "gate: FAIL" in out and "ppl_ratio" in out
+    assert _run(common + ["--max", "ppl_ratio=1e6", "--min", "top1_agreement=0"]) == 0
+    assert "gate: PASS" in capsys.readouterr().out
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_evaluate_vllm_embeddings_match_hf(tmp_path):
+    """The vLLM path (plugin, token-id prompts, subprocess) gives the HF path's embeddings."""
+    base = tiny_qwen3(tmp_path / "base")
+    quant = tmp_path / "ternary"
+    quantize_checkpoint(base, quant, method="absmean", progress=False)
+    texts = ["Ternary weights take two bits each.", "short", "the quick brown fox jumps over the lazy dog " * 30]
+    got, memory = evaluate.embed_vllm(quant, texts, "float32", True, tmp_path / "vllm.log")
+    want, _ = evaluate.embed_hf_model(quant, texts, torch.float32)
+    assert got.shape == want.shape == (3, 256)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    layout = evaluate.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
+    if memory:  # counted inside vLLM: the same packed bytes as ternop's own layout
+        assert memory["vllm_mem_linear"] == layout["mem_linear"]
