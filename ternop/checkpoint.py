@@ -17,7 +17,6 @@ import importlib
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ternop._safetensors_stream import element_size, st_dtype, write_safetensors
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, FORMAT_VERSION, PACKED_DTYPE, SCALE_DTYPE, check_shapes
 from ternop.format import dequantize as _dequantize
 from ternop.modules import QuantizeReport
@@ -69,48 +69,6 @@ METHODS: dict[str, Callable[[Path, str | None], Quantizer]] = {
     "calibrated": _calibrated,
 }
 """Quantization methods of ``ternop quantize``. Another module may add an entry."""
-
-
-# --- a streaming safetensors writer ---
-
-_ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}  # fmt: skip
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _write_safetensors(path: Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], produce, metadata=None):
-    """Writes ``plan`` (name, dtype, shape) to ``path``; ``produce(name)`` returns each tensor in turn.
-
-    The header is written first from the plan, so only one tensor is held at a time.
-    """
-    header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
-    offset = 0
-    for name, dtype, shape in plan:
-        if dtype not in _ST_DTYPES:
-            raise CheckpointError(f"{name}: dtype {dtype} cannot be stored in safetensors by this writer")
-        size = _element_size(dtype)
-        for d in shape:
-            size *= d
-        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # safetensors aligns the data section to 8 bytes
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for name, dtype, shape in plan:
-            t = produce(name)
-            if t.dtype != dtype or tuple(t.shape) != tuple(shape):
-                raise CheckpointError(
-                    f"{name}: expected {dtype} {list(shape)}, the transform returned {t.dtype} {list(t.shape)}"
-                )
-            f.write(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 # --- reading ---
@@ -248,17 +206,10 @@ def _copy_others(src: Path, tmp: Path, quant_config: dict, renamed: Mapping[str,
             shutil.copy2(item, dst)
 
 
-def _st_dtype(code: str) -> torch.dtype:
-    inverse = {v: k for k, v in _ST_DTYPES.items()}
-    if code not in inverse:
-        raise CheckpointError(f"safetensors dtype {code} is not supported by ternop's writer")
-    return inverse[code]
-
-
 def _write(
     src: Path,
     dst: Path,
-    decide: Callable[[str, tuple[int, ...]], bool],
+    decide: Callable[[str, tuple[int, ...], torch.dtype], bool],
     make_pair: Callable[[str, Callable[[], torch.Tensor]], tuple[torch.Tensor, torch.Tensor]],
     overrides: Mapping[str, torch.Tensor],
     modules_to_not_convert: Iterable[str],
@@ -267,10 +218,11 @@ def _write(
 ) -> list[str]:
     """The common writer; returns the quantized prefixes.
 
-    ``decide(name, shape)`` says whether tensor ``name`` (any ``.weight``) becomes ternary;
+    ``decide(name, shape, dtype)`` says whether tensor ``name`` (any ``.weight``) becomes ternary;
     ``make_pair(prefix, load_weight)`` returns its (packed, scale).
     """
     from safetensors import safe_open
+    from tqdm import tqdm
 
     files = _safetensors_files(src)
     if dst.exists() and dst.resolve() == src.resolve():
@@ -285,7 +237,7 @@ def _write(
                 seen.add(name)
                 sl = f.get_slice(name)
                 shape = tuple(sl.get_shape())
-                if name.endswith(".weight") and decide(name, shape):
+                if name.endswith(".weight") and decide(name, shape, st_dtype(sl.get_dtype())):
                     prefix = name[: -len(".weight")]
                     n, k = shape
                     plan.append((prefix + PACKED_SUFFIX, PACKED_DTYPE, (n, k // CODES_PER_BYTE)))
@@ -295,7 +247,7 @@ def _write(
                 elif name in overrides:
                     plan.append((name, overrides[name].dtype, tuple(overrides[name].shape)))
                 else:
-                    plan.append((name, _st_dtype(sl.get_dtype()), shape))
+                    plan.append((name, st_dtype(sl.get_dtype()), shape))
             plans.append((file, plan, f.metadata()))
     unknown = sorted(set(overrides) - seen)
     if unknown:
@@ -310,7 +262,7 @@ def _write(
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
         _copy_others(src, tmp, quant_config, renamed)
-        bar = _progress(len(quantized), progress)
+        bar = tqdm(total=len(quantized), unit="layer", desc="quantize", file=sys.stderr, disable=not progress)
         for file, plan, metadata in plans:
             with safe_open(str(file), framework="pt") as f:
                 pending: dict[str, torch.Tensor] = {}
@@ -329,7 +281,7 @@ def _write(
                         return overrides[out_name]
                     return f.get_tensor(out_name)
 
-                _write_safetensors(tmp / file.name, plan, produce, metadata)
+                write_safetensors(tmp / file.name, plan, produce, metadata)
         bar.close()
         if dst.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
@@ -367,7 +319,7 @@ def write_checkpoint(
     for prefix, (packed, scale) in quantized.items():
         check_shapes(packed, scale, prefix)
 
-    def decide(name: str, shape: tuple[int, ...]) -> bool:
+    def decide(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
         prefix = name[: -len(".weight")]
         if prefix not in quantized or len(shape) != 2:
             return False
@@ -424,7 +376,7 @@ def quantize_checkpoint(
     report = CheckpointReport(dst=str(dst), method=method)
     keep: list[str] = []
 
-    def decide(name: str, shape: tuple[int, ...]) -> bool:
+    def decide(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
         prefix = name[: -len(".weight")]
         if not _is_linear_weight(name, shape):
             keep.append(prefix)
@@ -441,11 +393,9 @@ def quantize_checkpoint(
             keep.append(prefix)
             report.skipped[prefix] = why
             return False
-        report.dense_bytes += n * k * _element_size(_DTYPE_OF[name])
+        report.dense_bytes += n * k * element_size(dtype)
         report.ternary_bytes += n * k // CODES_PER_BYTE + n * (k // BLOCK_SIZE) * 2
         return True
-
-    _DTYPE_OF = _dtypes(files)
 
     def make_pair(prefix: str, load: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         packed, scale = quantizer(prefix, load())
@@ -454,17 +404,6 @@ def quantize_checkpoint(
 
     report.quantized = _write(src_p, Path(dst), decide, make_pair, {}, keep, overwrite, progress)
     return report
-
-
-def _dtypes(files: list[Path]) -> dict[str, torch.dtype]:
-    from safetensors import safe_open
-
-    out = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                out[name] = _st_dtype(f.get_slice(name).get_dtype())
-    return out
 
 
 # --- the ``ternop quantize`` subcommand ---
@@ -491,22 +430,3 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(f"{report} -> {report.dst}")
     return 0
-
-
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def set_postfix_str(self, s, refresh=True):
-        pass
-
-    def close(self):
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="tensor", desc="quantize", file=sys.stderr)

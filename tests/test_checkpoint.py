@@ -74,7 +74,7 @@ def test_quantize_checkpoint_skip_and_absmean(qwen3_dir, tmp_path):
 
 def test_dequantized_state_dict_rebuilds_dense_weights(bert_dir, tmp_path):
     dst = tmp_path / "q"
-    ckpt.quantize_checkpoint(bert_dir, dst, progress=False)
+    ckpt.quantize_checkpoint(bert_dir, dst, method="absmean", progress=False)
     state = ckpt.dequantized_state_dict(dst)
     packed = load_file(str(dst / "model.safetensors"))
     prefix = "encoder.layer.1.intermediate.dense"
@@ -147,7 +147,7 @@ def test_quantize_error_k_not_multiple_of_128_names_tensor_and_skip(tmp_path):
 
 def test_quantize_error_already_quantized(bert_dir, tmp_path):
     q = tmp_path / "q"
-    ckpt.quantize_checkpoint(bert_dir, q, progress=False)
+    ckpt.quantize_checkpoint(bert_dir, q, method="absmean", progress=False)
     with pytest.raises(ckpt.CheckpointError, match="already quantized.*quantization_config"):
         ckpt.quantize_checkpoint(q, tmp_path / "qq", progress=False)
     config = json.loads((q / "config.json").read_text())
@@ -181,7 +181,7 @@ def test_quantize_refuses_nonempty_destination_unless_forced(bert_dir, tmp_path)
     with pytest.raises(ckpt.CheckpointError, match="exists and is not empty"):
         ckpt.quantize_checkpoint(bert_dir, dst, progress=False)
     assert (dst / "keep.txt").exists()
-    ckpt.quantize_checkpoint(bert_dir, dst, progress=False, overwrite=True)
+    ckpt.quantize_checkpoint(bert_dir, dst, method="absmean", progress=False, overwrite=True)
     assert not (dst / "keep.txt").exists() and ckpt.read_quant_config(dst) is not None
 
 
