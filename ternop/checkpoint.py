@@ -43,27 +43,27 @@ class CheckpointError(ValueError):
     """A model folder cannot be quantized or read; the message says which file or tensor and why."""
 
 
-# --- methods: name -> factory(src_dir, calib_path) -> quantizer(name, weight) -> (packed, scale) ---
+# --- methods: name -> factory(src_dir, calib_path, skip) -> quantizer(name, weight) -> (packed, scale) ---
 
 
-def _rounding(method: str) -> Callable[[Path, str | None], Quantizer]:
-    def factory(src: Path, calib: str | None) -> Quantizer:
+def _rounding(method: str) -> Callable[[Path, str | None, tuple[str, ...]], Quantizer]:
+    def factory(src: Path, calib: str | None, skip: tuple[str, ...]) -> Quantizer:
         return lambda name, weight: quantize_weight(weight, method)
 
     return factory
 
 
-def _calibrated(src: Path, calib: str | None) -> Quantizer:
+def _calibrated(src: Path, calib: str | None, skip: tuple[str, ...]) -> Quantizer:
     if calib is None:
         raise CheckpointError("--method calibrated needs --calib FILE (text to collect activation statistics)")
     try:
         module = importlib.import_module("ternop.calibrate")
     except ModuleNotFoundError as e:
         raise CheckpointError(f"--method calibrated is not available in this build ({e})") from e
-    return module.make_quantizer(src, calib)
+    return module.make_quantizer(src, calib, skip=skip)
 
 
-METHODS: dict[str, Callable[[Path, str | None], Quantizer]] = {
+METHODS: dict[str, Callable[[Path, str | None, tuple[str, ...]], Quantizer]] = {
     "optimal": _rounding("optimal"),
     "absmean": _rounding("absmean"),
     "calibrated": _calibrated,
@@ -372,7 +372,7 @@ def quantize_checkpoint(
     if quantizer is None:
         if method not in METHODS:
             raise CheckpointError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
-        quantizer = METHODS[method](src_p, calib)
+        quantizer = METHODS[method](src_p, calib, skip)
     report = CheckpointReport(dst=str(dst), method=method)
     keep: list[str] = []
 

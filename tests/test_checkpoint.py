@@ -199,13 +199,14 @@ def test_quantize_cli(bert_dir, tmp_path, capsys):
 def test_method_registry_is_extensible(bert_dir, tmp_path, monkeypatch):
     seen = []
 
-    def factory(src, calib):
-        seen.append((Path(src), calib))
+    def factory(src, calib, skip):
+        seen.append((Path(src), calib, skip))
         return lambda name, w: quantize_weight(w, "absmean")
 
     monkeypatch.setitem(ckpt.METHODS, "custom", factory)
-    report = ckpt.quantize_checkpoint(bert_dir, tmp_path / "q", method="custom", calib="c.txt", progress=False)
-    assert seen == [(bert_dir, "c.txt")] and report.method == "custom" and len(report.quantized) == 12
+    report = ckpt.quantize_checkpoint(bert_dir, tmp_path / "q", method="custom", calib="c.txt", skip=["layer.1."],
+                                      progress=False)  # fmt: skip
+    assert seen == [(bert_dir, "c.txt", ("layer.1.",))] and report.method == "custom" and len(report.quantized) == 6
 
 
 def test_load_ternary_layers_reports_unpaired_tensor(tmp_path):
