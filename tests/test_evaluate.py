@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ternop import evaluate
+from ternop import evaluate, memory
 from ternop.checkpoint import quantize_checkpoint
 from ternop.format import BLOCK_SIZE
 from tests.models import _vocab_tokenizer, hf_model_from_checkpoint, tiny_bert, tiny_qwen3
@@ -67,14 +67,17 @@ def test_evaluate_memory_counts_bytes_of_the_layout(bert_pair):
     ternary = [m for _, m in names if type(m).__name__ == "TernaryLinear"]
     weights = sum(m.in_features * m.out_features for m in ternary)
     left_dense = sum(m.weight.numel() for _, m in names if isinstance(m, torch.nn.Linear))  # e.g. the pooler
-    got = evaluate.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
-    dense = evaluate.weight_memory(evaluate.load_hf_model(base, causal=False, meta=True))
+    assert left_dense > 0
+    prefixes = [n for n, m in names if type(m).__name__ == "TernaryLinear"]
+    got = memory.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
+    dense = memory.weight_memory(evaluate.load_hf_model(base, causal=False, meta=True))
     # 2 bits per weight plus one fp16 scale per 128 weights, vs 4 bytes per fp32 weight.
     assert got["mem_linear"] == weights // 4 + weights // BLOCK_SIZE * 2 + left_dense * 4
     assert dense["mem_linear"] == (weights + left_dense) * 4
     assert dense["mem_total"] - got["mem_total"] == dense["mem_linear"] - got["mem_linear"]
-    prefixes = [n for n, m in names if type(m).__name__ == "TernaryLinear"]
-    disk_t, disk_b = evaluate.disk_bytes(quant, prefixes), evaluate.disk_bytes(base, prefixes)
+    only = memory.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True), set(prefixes))
+    assert only["mem_linear"] == weights // 4 + weights // BLOCK_SIZE * 2
+    disk_t, disk_b = memory.disk_bytes(quant, prefixes), memory.disk_bytes(base, prefixes)
     assert disk_t["disk_linear"] == weights // 4 + weights // BLOCK_SIZE * 2
     assert disk_b["disk_linear"] == weights * 4
 
@@ -107,7 +110,8 @@ def test_evaluate_embedding_report_hf(bert_pair, tmp_path, capsys):
     for role in ("base", "ternary"):
         m = report["models"][role]
         assert 0 <= m["wiki_r1"] <= m["wiki_r10"] <= 1 and 0 < m["wiki_mrr"] <= 1
-    assert report["memory"]["ratios"]["disk_linear"] == pytest.approx(4 / (1 / 4 + 2 / BLOCK_SIZE))
+    for key in ("disk_linear", "mem_linear"):  # fp32 vs 2 bits + fp16/128 per weight
+        assert report["memory"]["ratios"][key] == pytest.approx(4 / (1 / 4 + 2 / BLOCK_SIZE))
     assert report["summary"]["mean_cosine"] == ag["mean_cosine"]
     assert report["gate"]["enabled"] is False
 
@@ -152,10 +156,10 @@ def test_evaluate_vllm_embeddings_match_hf(tmp_path):
     quant = tmp_path / "ternary"
     quantize_checkpoint(base, quant, method="absmean", progress=False)
     texts = ["Ternary weights take two bits each.", "short", "the quick brown fox jumps over the lazy dog " * 30]
-    got, memory = evaluate.embed_vllm(quant, texts, "float32", True, tmp_path / "vllm.log")
+    got, counted = evaluate.embed_vllm(quant, texts, "float32", True, tmp_path / "vllm.log")
     want, _ = evaluate.embed_hf_model(quant, texts, torch.float32)
     assert got.shape == want.shape == (3, 256)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    layout = evaluate.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
-    if memory:  # counted inside vLLM: the same packed bytes as ternop's own layout
-        assert memory["vllm_mem_linear"] == layout["mem_linear"]
+    layout = memory.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
+    if counted:  # counted inside vLLM: the same packed bytes as ternop's own layout
+        assert counted["vllm_mem_linear"] == layout["mem_linear"]
