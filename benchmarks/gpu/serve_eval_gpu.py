@@ -3,7 +3,7 @@
     python benchmarks/gpu/serve_eval_gpu.py --model MODEL_DIR --out OUT_DIR
 
 Steps (each writes into OUT_DIR):
-1. ``ternop quantize`` MODEL_DIR -> OUT_DIR/ternary                       (quantize.txt)
+1. ``ternop quantize`` MODEL_DIR -> WORK/ternary                         (quantize.txt)
 2. ``ternop validate`` it (GPU_LOAD runs for real on the GPU)              (validate.txt)
 3. ``ternop eval`` base vs ternary, both in bf16 through vLLM, compiled    (eval.json, eval.txt, eval-vllm.log)
 4. ``ternop serve`` the bf16 base, then the ternary model; for each: embed a few sentences,
@@ -22,10 +22,14 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+# Common words that are one token each in BERT-style vocabularies: N words are about N tokens.
+_WORDS = ("the model serves many short queries over the network while each weight takes two bits and one scale "
+          "per block keeps the error small so that search and ranking stay close to the full precision answer").split()
 SENTENCES = ["A ternary weight is one of -1, 0 or +1.", "The cat sat on the mat.", "Heavy rain is expected."]
 
 
@@ -72,7 +76,8 @@ def load(base_url: str, model: str, clients: int, requests_each: int, inputs_eac
     def client(c: int) -> None:
         barrier.wait()
         for r in range(requests_each):
-            texts = [" ".join(f"w{(c * 7 + r * 13 + i + j) % 997}" for j in range(words)) for i in range(inputs_each)]
+            texts = [" ".join(_WORDS[(c * 7 + r * 13 + i + j * 5) % len(_WORDS)] for j in range(words))
+                     for i in range(inputs_each)]  # fmt: skip
             t0 = time.perf_counter()
             try:
                 status, _ = request(base_url, "POST", "/v1/embeddings",
@@ -149,6 +154,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="fp embedding model folder (e.g. all-MiniLM-L6-v2)")
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--work", default=None, help="folder for the ternary checkpoint (default: a temp dir)")
     parser.add_argument("--method", default="optimal")
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--requests-each", type=int, default=10)
@@ -163,7 +169,8 @@ def main() -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    base, quant = Path(args.model).resolve(), out / "ternary"
+    work = Path(args.work or tempfile.mkdtemp(prefix="serve_eval_gpu-")).resolve()
+    base, quant = Path(args.model).resolve(), work / "ternary"  # the checkpoint stays out of OUT: results only
     summary: dict = {"model": str(base), "host": platform.node(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         import torch
