@@ -55,16 +55,22 @@ Table = dict[str, list[tuple[int, object]]]
 
 _BIG = 1 << 62
 
-# Measured on the H200 (benchmarks/results/h200/bench_linear.json): the CUDA C++ kernel
-# wins for M <= 8, the Triton GEMM for small M, and one dequantization pass plus cuBLAS
-# from M = 64 on (the in-GEMM decode costs more than the extra pass over the weights).
+# Picked from benchmarks/results/h200/bench_linear.json (every backend at every M) and
+# kernels_sweep.log (Triton tile candidates), both measured on the H200:
+# - cuda_gemv is best at M = 1 by far (17 us vs 35+ us on 4096x14336) but its CUDA-core
+#   FMAs grow with M: at M = 8 it took 125 us against the GEMM's 43 us. M <= 2 keeps it
+#   where it is expected to win (M = 2..7 were not measured).
+# - triton_gemv lost to the GEMM at every M (78 us at M = 1 on 4096x14336), so it ranks
+#   last and only runs when forced or when the GEMM cannot.
+# - dequant_cublas (one dequantization pass, then cuBLAS) beats the in-GEMM decode from
+#   M = 64 on most shapes; see MIN_M.
 SM90: Table = {
-    "cuda_gemv": [(8, CudaGemvConfig())],
-    "triton_gemv": [(4, GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3))],
+    "cuda_gemv": [(2, CudaGemvConfig())],
+    "triton_gemv": [(4, GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=2))],
     "triton_gemm": [
-        (16, GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4)),
+        (16, GemmConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)),
         (32, GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)),
-        (64, GemmConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)),
+        (64, GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
         (256, GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
         (_BIG, GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
     ],
@@ -106,8 +112,11 @@ def min_m(backend: str, device: torch.device) -> int:
     return MIN_M.get(backend, {}).get(arch_key(device), 1)
 
 
-def lookup(backend: str, m: int, device: torch.device) -> tuple[object | None, str]:
-    """(config, "") for the first bucket of ``backend`` that covers M, else (None, reason)."""
+def lookup(backend: str, m: int, device: torch.device, forced: bool = False) -> tuple[object | None, str]:
+    """(config, "") for the first bucket of ``backend`` that covers M, else (None, reason).
+
+    A forced backend (TERNOP_BACKEND) runs any M its kernel can take, with its last config.
+    """
     arch = arch_key(device)
     buckets = TABLES[arch].get(backend, [])
     for max_m, config in buckets:
@@ -115,4 +124,6 @@ def lookup(backend: str, m: int, device: torch.device) -> tuple[object | None, s
             return config, ""
     if not buckets:
         return None, f"no {backend} configs for {arch}"
+    if forced:
+        return buckets[-1][1], ""
     return None, f"M={m} is above {backend}'s largest bucket (M <= {buckets[-1][0]}) on {arch}"

@@ -1,8 +1,9 @@
 """The CUDA backends of ternop::linear and their ``can_implement`` answers.
 
-Order (lower priority first): ``cuda_gemv`` (CUDA C++, small M), ``triton_gemv`` (small
-M), ``dequant_cublas`` (large M: Triton dequantization, then cuBLAS), ``triton_gemm``
-(tensor cores, every M). Which M each one takes comes from the static
+Order (lower priority first): ``cuda_gemv`` (CUDA C++, small M), ``dequant_cublas``
+(large M: Triton dequantization, then cuBLAS), ``triton_gemm`` (tensor cores, every M),
+``triton_gemv`` (CUDA cores, small M; last because the GEMM beat it at every measured M,
+so it runs only when forced). Which M each one takes comes from the static
 per-architecture table in ``ternop.cuda.configs``; the choice is made per call from the
 real M, so one compiled graph serves every batch size.
 """
@@ -17,6 +18,13 @@ from ternop import backends
 from ternop.cuda import configs
 
 _triton: dict[str, object] = {}
+
+# The CUDA C++ kernel is instantiated for 1 <= M <= 8 (ternary_gemv.cu).
+CUDA_GEMV_MAX_M = 8
+
+
+def _forced(name: str) -> bool:
+    return os.environ.get(backends.ENV_BACKEND) == name
 
 
 def _triton_ops():
@@ -49,7 +57,7 @@ def _can_triton(name: str):
         why = _common(x2, weight_packed)
         if why:
             return False, why
-        config, why = configs.lookup(name, x2.shape[0], x2.device)
+        config, why = configs.lookup(name, x2.shape[0], x2.device, _forced(name))
         return config is not None, why
 
     return can_implement
@@ -60,26 +68,26 @@ def _can_dequant_cublas(x2, weight_packed, weight_scale, bias) -> tuple[bool, st
     if not ok:
         return ok, why
     floor = configs.min_m("dequant_cublas", x2.device)
-    if x2.shape[0] < floor and os.environ.get(backends.ENV_BACKEND) != "dequant_cublas":
+    if x2.shape[0] < floor and not _forced("dequant_cublas"):
         return False, f"M={x2.shape[0]} is below M={floor}, where dequantizing first starts to pay"
     return True, ""
 
 
 def _run_dequant_cublas(x2, weight_packed, weight_scale, bias):
-    config, _ = configs.lookup("dequant_cublas", x2.shape[0], x2.device)
+    config, _ = configs.lookup("dequant_cublas", x2.shape[0], x2.device, True)
     mod, _ = _triton_ops()
     return mod.linear_dequant_cublas(x2, weight_packed, weight_scale, bias, config.block_n, config.block_k)
 
 
 def _run_triton_gemv(x2, weight_packed, weight_scale, bias):
-    config, _ = configs.lookup("triton_gemv", x2.shape[0], x2.device)
+    config, _ = configs.lookup("triton_gemv", x2.shape[0], x2.device, True)
     return torch.ops.ternop._linear_triton_gemv(
         x2, weight_packed, weight_scale, bias, config.block_n, config.block_k, config.num_warps, config.num_stages
     )
 
 
 def _run_triton_gemm(x2, weight_packed, weight_scale, bias):
-    config, _ = configs.lookup("triton_gemm", x2.shape[0], x2.device)
+    config, _ = configs.lookup("triton_gemm", x2.shape[0], x2.device, True)
     return torch.ops.ternop._linear_triton_gemm(
         x2, weight_packed, weight_scale, bias,
         config.block_m, config.block_n, config.group_m, config.num_warps, config.num_stages,
@@ -87,7 +95,9 @@ def _run_triton_gemm(x2, weight_packed, weight_scale, bias):
 
 
 def _can_cuda_gemv(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
-    config, why = configs.lookup("cuda_gemv", x2.shape[0], x2.device)
+    if x2.shape[0] > CUDA_GEMV_MAX_M:
+        return False, f"M={x2.shape[0]} is above the kernel's M <= {CUDA_GEMV_MAX_M}"
+    config, why = configs.lookup("cuda_gemv", x2.shape[0], x2.device, _forced("cuda_gemv"))
     if config is None:
         return False, why
     why = _common(x2, weight_packed)
@@ -105,7 +115,7 @@ def _run_cuda_gemv(x2, weight_packed, weight_scale, bias):
 
 BACKENDS = (
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
-    backends.Backend("triton_gemv", "cuda", 20, _can_triton("triton_gemv"), _run_triton_gemv),
+    backends.Backend("triton_gemv", "cuda", 40, _can_triton("triton_gemv"), _run_triton_gemv),
     backends.Backend("dequant_cublas", "cuda", 25, _can_dequant_cublas, _run_dequant_cublas),
     backends.Backend("triton_gemm", "cuda", 30, _can_triton("triton_gemm"), _run_triton_gemm),
 )

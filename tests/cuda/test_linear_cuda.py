@@ -123,13 +123,13 @@ def test_linear_cuda_reserved_code_reads_as_zero(monkeypatch, name):
 def test_linear_cuda_dispatch_by_m():
     packed, scale = _weights(256, 512)
     chosen = {}
-    for m in (1, 8, 9, 4096):
+    for m in (1, 16, 4096):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         ternop.linear(x, packed, scale)
         chosen[m] = backends.select(x, packed, scale).name
-    assert chosen[9] == "triton_gemm"
-    assert chosen[4096] in ("dequant_cublas", "triton_gemm")
-    assert chosen[1] in ("cuda_gemv", "triton_gemv") and chosen[8] in ("cuda_gemv", "triton_gemm")
+    assert chosen[1] in ("cuda_gemv", "triton_gemm")
+    assert chosen[16] == "triton_gemm"
+    assert chosen[4096] == "dequant_cublas"
     reasons = dict((name, why) for name, ok, why in backends.explain(x, packed, scale) if not ok)
     assert "M=4096" in reasons["triton_gemv"]
 
@@ -159,7 +159,9 @@ def test_linear_cuda_compile_dynamic_m_one_graph():
 
     skip = getattr(torch.compiler, "skip_all_guards_unsafe", _skip_guards)
     compiled = torch.compile(f, fullgraph=True, dynamic=True, options={"guard_filter_fn": skip})
-    compiled(torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16))  # traced with symbolic M
+    # Traced with symbolic M. M=5 on purpose: dynamic=True duck-sizes every input dim, and an
+    # M equal to another size (K/128 = 8 here) would tie M to it in the graph.
+    compiled(torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16))
     x_small = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     x_big = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
     with torch._dynamo.config.patch(error_on_recompile=True):

@@ -21,7 +21,8 @@ def test_nvcc_compiles_kernel_for_sm90(tmp_path):
     source = CSRC / "ternary_gemv.cu"
     obj = tmp_path / "ternary_gemv.o"
     cmd = [
-        NVCC, "-c", "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
+        # -Xptxas -O1: ptxas still checks the inline PTX, in less time than full optimisation.
+        NVCC, "-c", "-std=c++17", "-O3", "-Xptxas", "-O1", "-gencode=arch=compute_90,code=sm_90",
         "-Werror", "all-warnings", str(source), "-o", str(obj),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
