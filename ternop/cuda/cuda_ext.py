@@ -42,8 +42,10 @@ def _build() -> tuple[bool, str]:
     capability = torch.cuda.get_device_capability()
     build_dir = cache_dir(capability)
     build_dir.mkdir(parents=True, exist_ok=True)
-    # Build for this GPU only: one cubin, and a short compile.
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{capability[0]}.{capability[1]}")
+    # Build for this GPU only: one cubin, and a short compile. The variable is restored
+    # afterwards so that other extensions built in this process are not affected.
+    saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = saved or f"{capability[0]}.{capability[1]}"
     try:
         cpp_extension.load(
             name="ternop_cuda_ext",
@@ -56,6 +58,11 @@ def _build() -> tuple[bool, str]:
         )
     except Exception as exc:  # any compiler or loader failure makes the backend unavailable
         return False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = saved
     if not hasattr(torch.ops.ternop, "linear_cuda"):
         return False, "the library loaded but did not register ternop::linear_cuda"
     return True, ""

@@ -42,8 +42,9 @@ def _triton_ops():
 def _common(x2: torch.Tensor, weight_packed: torch.Tensor) -> str:
     if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"x dtype {x2.dtype} is not float16/bfloat16/float32"
-    if weight_packed.data_ptr() % 16 or x2.data_ptr() % 16:
-        return "x and weight_packed must be 16-byte aligned"
+    # The Triton kernels read weight_packed as int32 words.
+    if weight_packed.data_ptr() % 4:
+        return "weight_packed must be 4-byte aligned"
     if x2.shape[1] >= 1 << 31 or weight_packed.shape[0] >= 1 << 31:
         return "N and K must fit in int32"
     return ""
@@ -103,6 +104,9 @@ def _can_cuda_gemv(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
     why = _common(x2, weight_packed)
     if why:
         return False, why
+    # 16-byte vector loads; x can be a view at an odd offset (e.g. a slice of a fused output).
+    if weight_packed.data_ptr() % 16 or x2.data_ptr() % 16:
+        return False, "x and weight_packed must be 16-byte aligned"
     from ternop.cuda import cuda_ext
 
     ok, why = cuda_ext.load()

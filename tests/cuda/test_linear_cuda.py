@@ -205,3 +205,18 @@ def test_linear_cuda_reduce_overhead_matches_eager():
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         y = compiled(x).clone()
         torch.testing.assert_close(y, f(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("m", [1, 100])
+def test_linear_cuda_unaligned_x_falls_back(m):
+    """x at a 2-byte offset (a slice of a fused output): the 16-byte-load kernel declines,
+    another backend runs, and the result is right."""
+    k, n = 512, 136
+    packed, scale = _weights(n, k)
+    flat = torch.randn(m * k + 1, device="cuda", dtype=torch.float16)
+    x = flat[1:].view(m, k)
+    assert x.data_ptr() % 16 != 0
+    reasons = {name: why for name, ok, why in backends.explain(x, packed, scale) if not ok}
+    if m == 1 and "cuda_gemv" in reasons and "extension not built" not in reasons["cuda_gemv"]:
+        assert "aligned" in reasons["cuda_gemv"]
+    _check(ternop.linear(x, packed, scale), x, packed, scale)
