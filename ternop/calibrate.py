@@ -1,0 +1,357 @@
+"""Calibrated ternarization: codes and scales that minimise each layer's *output* error.
+
+Rounding each weight block to its L2-nearest ternary form (``ternop.quantize``) treats all input
+dimensions alike; real activations are not alike, so the output error is far larger than the
+weight error suggests. Here each linear layer ``y = x W^T`` gets the ternary ``Q`` (codes T, fp16
+scales per 128-block along K) that minimises, over calibration tokens,
+
+    || X_q Q^T - X_fp W^T ||^2  =  tr((Q - W~) H (Q - W~)^T) + const,
+    H = X_q^T X_q (+ damping),   W~ = W (X_fp^T X_q) H^-1,
+
+where X_fp is the layer's input in the fp model and X_q its input once the layers before it are
+ternary. Layers are processed in execution order, so each one also corrects the error the
+earlier ones introduced (``target="fp"``; ``target="quantized"`` is plain GPTQ's objective).
+
+For one layer the minimisation alternates two exact-ish steps (``rounds`` times):
+
+1. **Codes, with error feedback (GPTQ adapted to ternary).** Columns are visited in order; each
+   weight is rounded to {-s, 0, +s} of its block's scale s, and its rounding error is spread onto
+   the columns not yet rounded through the inverse Hessian (the OBS update), so later columns
+   compensate. In the first round a block's scales come from the L2-optimal ternarization of
+   the block's *updated* weights, just before it is rounded.
+2. **Scales, jointly.** With the codes fixed, the loss is quadratic in a row's K/128 scales:
+   ``A s = c`` with ``A[b, c] = T_b H_bc T_c^T`` and ``c_b = T_b (H W~^T)_b``, solved per row.
+
+The best candidate by the layer loss is kept, the optimal-rounding codes included, so the
+result is never worse than ``optimal`` on the calibration objective.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ternop.format import BLOCK_SIZE, SCALE_DTYPE, pack_codes, values_to_codes
+from ternop.quantize import quantize_to_values
+from ternop.selection import should_quantize
+
+
+def _layer_loss(w_target: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
+    d = q - w_target
+    return float(((d @ h) * d).sum())
+
+
+def _dequant(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return values.to(scale.dtype) * scale.repeat_interleave(BLOCK_SIZE, dim=1)
+
+
+def _refit_scales(w: torch.Tensor, values: torch.Tensor, h: torch.Tensor, ridge: float) -> torch.Tensor:
+    """Least-squares per-block scales [N, K/128] for fixed codes ``values`` [N, K] under metric ``h``."""
+    n, k = w.shape
+    nb = k // BLOCK_SIZE
+    t = values.to(w.dtype)
+    wh = w @ h  # [N, K]
+    c = (t * wh).reshape(n, nb, BLOCK_SIZE).sum(-1)
+    a = torch.empty(n, nb, nb, dtype=w.dtype)
+    for j in range(nb):
+        cols = slice(j * BLOCK_SIZE, (j + 1) * BLOCK_SIZE)
+        y = t[:, cols] @ h[:, cols].T  # [N, K]: sum_l T[n, l] H[k, l] over block j
+        a[:, :, j] = (t * y).reshape(n, nb, BLOCK_SIZE).sum(-1)
+    diag = a.diagonal(dim1=1, dim2=2)
+    eye = torch.eye(nb, dtype=w.dtype)
+    # An all-zero block has a zero row in A: the ridge makes its scale 0 instead of singular.
+    a = a + eye * (ridge * diag.mean(-1, keepdim=True).clamp(min=1e-12)[:, :, None] + 1e-12)
+    return torch.linalg.solve(a, c.unsqueeze(-1)).squeeze(-1)
+
+
+def _gptq_codes(
+    w: torch.Tensor, hinv_u: torch.Tensor, scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One error-feedback pass. ``hinv_u`` is the upper Cholesky factor of H^-1.
+
+    If ``scale`` [N, K/128] is None, each block's scales are the L2-optimal ones of its updated weights.
+    Returns (values int8 [N, K], scale fp32 [N, K/128]).
+    """
+    # Hundreds of tiny ops per block: worker threads only add synchronisation (10x slower on a busy CPU).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _gptq_codes_impl(w, hinv_u, scale)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _gptq_codes_impl(w, hinv_u, scale):
+    w = w.clone()
+    n, k = w.shape
+    values = torch.zeros(n, k, dtype=torch.int8)
+    scales = torch.zeros(n, k // BLOCK_SIZE, dtype=w.dtype)
+    for j in range(k // BLOCK_SIZE):
+        lo, hi = j * BLOCK_SIZE, (j + 1) * BLOCK_SIZE
+        w1 = w[:, lo:hi].clone()
+        if scale is None:
+            _, s = quantize_to_values(w1, "optimal")
+            s = s.to(w.dtype)[:, 0]
+        else:
+            s = scale[:, j]
+        s = s.to(SCALE_DTYPE).to(w.dtype)  # round codes against the scale that will be stored
+        safe = torch.where(s != 0, s, torch.ones_like(s))
+        err1 = torch.zeros_like(w1)
+        h1 = hinv_u[lo:hi, lo:hi]
+        for i in range(BLOCK_SIZE):
+            col = w1[:, i]
+            t = torch.round(torch.clamp(col / safe, -1.0, 1.0))
+            t = torch.where(s != 0, t, torch.zeros_like(t))
+            err = (col - t * s) / h1[i, i]
+            w1[:, i:] -= err[:, None] * h1[i, i:][None, :]
+            err1[:, i] = err
+            values[:, lo + i] = t.to(torch.int8)
+        w[:, hi:] -= err1 @ hinv_u[lo:hi, hi:]
+        scales[:, j] = s
+    return values, scales
+
+
+def ternarize_layer(
+    w: torch.Tensor,
+    h: torch.Tensor,
+    cross: torch.Tensor | None = None,
+    *,
+    rounds: int = 2,
+    damp: float = 0.01,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Calibrated ternarization of one layer.
+
+    ``w`` [N, K] float; ``h`` [K, K] = X_q^T X_q; ``cross`` [K, K] = X_fp^T X_q or None (then the
+    target is ``w`` itself). Returns (values int8 [N, K] in {-1,0,1}, scale fp16 [N, K/128], info)
+    where info holds the layer losses of the optimal-rounding baseline and of the result.
+    """
+    n, k = w.shape
+    if h.shape != (k, k):
+        raise ValueError(f"h must be [K, K] = [{k}, {k}] for weight {tuple(w.shape)}, got {tuple(h.shape)}")
+    # Factorisations in fp64 (H is ill-conditioned); the O(N K^2) products in fp32.
+    w = w.detach().float()
+    h64 = h.detach().to(torch.float64).clone()
+    dead = torch.diagonal(h64) <= 0
+    h64[dead, dead] = 1.0  # inputs that never fire: any code is as good; keep H invertible
+    h64 += torch.eye(k, dtype=h64.dtype) * (damp * torch.diagonal(h64).mean())
+    hinv64 = torch.cholesky_inverse(torch.linalg.cholesky(h64))
+    h, hinv = h64.float(), hinv64.float()
+    target = w if cross is None else (w @ cross.float()) @ hinv
+    hinv_u = torch.linalg.cholesky(hinv64, upper=True).float()
+
+    v0, s0 = quantize_to_values(w.float(), "optimal")
+    candidates = [(v0, s0.float())]
+    candidates.append((v0, _refit_scales(target, v0, h, 1e-6)))
+    scale = None
+    for _ in range(rounds):
+        v, s = _gptq_codes(target, hinv_u, scale)
+        candidates.append((v, s))
+        scale = _refit_scales(target, v, h, 1e-6)
+        candidates.append((v, scale))
+    losses = [_layer_loss(target, _dequant(v, s.to(SCALE_DTYPE).float()), h) for v, s in candidates]
+    best = min(range(len(candidates)), key=losses.__getitem__)
+    values, scale = candidates[best]
+    # A negative least-squares scale is legal but unusual: store it positive, flip the codes.
+    neg = (scale < 0).repeat_interleave(BLOCK_SIZE, dim=1)
+    values = torch.where(neg, -values, values)
+    scale = scale.abs().to(SCALE_DTYPE)
+    info = {"loss_optimal": losses[0], "loss": losses[best], "candidate": best}
+    return values, scale, info
+
+
+# --------------------------------------------------------------------------- whole models
+
+
+class _Stop(Exception):
+    pass
+
+
+def _target_linears(model: nn.Module, skip=()) -> dict[str, nn.Linear]:
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and should_quantize(name, module.in_features, skip)[0]:
+            out[name] = module
+    return out
+
+
+def _batches(tokenizer, texts, seq_len: int, max_tokens: int, batch_size: int):
+    """Tokenised batches (dicts of tensors) holding at most ``max_tokens`` real tokens."""
+    out, total = [], 0
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(list(texts[i : i + batch_size]), padding=True, truncation=True,
+                        max_length=seq_len, return_tensors="pt")  # fmt: skip
+        out.append(enc)
+        total += int(enc["attention_mask"].sum())
+        if total >= max_tokens:
+            break
+    return out
+
+
+def _groups(model, linears: dict[str, nn.Linear], batch) -> list[list[str]]:
+    """Target linears in execution order, grouped by shared input tensor (q/k/v read the same x)."""
+    order, seen_input = [], {}
+    handles = []
+    for name, module in linears.items():
+
+        def hook(mod, args, name=name):
+            if name not in seen_input:
+                seen_input[name] = args[0].data_ptr()
+                order.append(name)
+
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    groups: list[list[str]] = []
+    for name in order:
+        if groups and seen_input[groups[-1][0]] == seen_input[name]:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def _capture(model, module: nn.Module, batches, stop: bool = True) -> list[torch.Tensor]:
+    """Inputs of ``module`` for each batch, real tokens only: list of [tokens, K] fp32."""
+    out = []
+    mask_box = {}
+
+    def hook(mod, args):
+        x = args[0].detach()
+        out.append(x[mask_box["m"].bool()].float() if x.dim() == 3 else x.float())
+        if stop:
+            raise _Stop
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                mask_box["m"] = batch["attention_mask"]
+                try:
+                    model(**batch)
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    return out
+
+
+@torch.no_grad()
+def calibrate_model(
+    model: nn.Module,
+    tokenizer,
+    texts: list[str],
+    skip=(),
+    *,
+    max_tokens: int = 8192,
+    seq_len: int = 128,
+    batch_size: int = 16,
+    rounds: int = 2,
+    damp: float = 0.01,
+    target: str = "fp",
+    progress: bool = True,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Ternarizes, in place and in execution order, every linear chosen by ``ternop.selection``.
+
+    Each chosen layer's ``weight`` is replaced by its dequantized ternary weight (so later layers
+    see ternary inputs). Returns name -> (values int8 [N, K], scale fp16 [N, K/128]).
+    """
+    if target not in ("fp", "quantized"):
+        raise ValueError(f"target must be 'fp' or 'quantized', got {target!r}")
+    if not texts:
+        raise ValueError("calibration needs at least one text")
+    model.eval()
+    linears = _target_linears(model, skip)
+    batches = _batches(tokenizer, texts, seq_len, max_tokens, batch_size)
+    groups = _groups(model, linears, batches[0])
+    fp_inputs = {}
+    if target == "fp":
+        # One pass of the fp model stores every group's input (fp16 to halve the memory).
+        for group in groups:
+            fp_inputs[group[0]] = [x.half() for x in _capture(model, linears[group[0]], batches)]
+    results = {}
+    bar = _bar(sum(len(g) for g in groups), progress)
+    for group in groups:
+        xq = torch.cat(_capture(model, linears[group[0]], batches))
+        h = xq.T @ xq
+        cross = None
+        if target == "fp":
+            xf = torch.cat(fp_inputs.pop(group[0])).float()
+            cross = xf.T @ xq
+            del xf
+        del xq
+        for name in group:
+            layer = linears[name]
+            values, scale, info = ternarize_layer(layer.weight, h, cross, rounds=rounds, damp=damp)
+            layer.weight.copy_(_dequant(values, scale.float()).to(layer.weight.dtype))
+            results[name] = (values, scale)
+            bar.update(1)
+            bar.set_postfix_str(f"{name} loss {info['loss'] / max(info['loss_optimal'], 1e-30):.3f}x optimal")
+    bar.close()
+    return results
+
+
+def read_calibration_text(path: str) -> list[str]:
+    """One text per non-empty line of a UTF-8 file."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        texts = [line.strip() for line in f if line.strip()]
+    if not texts:
+        raise ValueError(f"calibration file {path!r} holds no text")
+    return texts
+
+
+def to_packed(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values int8 [N, K], scale fp16 [N, K/128]) -> (weight_packed uint8 [N, K/4], weight_scale fp16)."""
+    return pack_codes(values_to_codes(values)), scale.to(SCALE_DTYPE).contiguous()
+
+
+def _hf_name_map(model: nn.Module, names) -> dict[str, str]:
+    """Model module name -> checkpoint tensor prefix (they differ by the base-model prefix, if at all)."""
+    base = getattr(model, "base_model_prefix", "")
+    return {n: n for n in names} | {f"{base}.{n}": n for n in names if base}
+
+
+def make_quantizer(src, calib: str, skip=(), progress: bool = True, **kwargs):
+    """The ``calibrated`` method of ``ternop quantize``: (prefix, weight) -> (packed, scale).
+
+    Calibrates the whole model from ``src`` on the text file ``calib`` up front, then answers
+    per layer. A layer the calibration did not see falls back to ``optimal`` rounding.
+    """
+    from ternop.evaldata import load_hf
+    from ternop.quantize import quantize_weight
+
+    model, tokenizer = load_hf(str(src))
+    results = calibrate_model(model, tokenizer, read_calibration_text(calib), skip, progress=progress, **kwargs)
+    names = _hf_name_map(model, results)
+    packed = {}
+    for name, (values, scale) in results.items():
+        packed[name] = to_packed(values, scale)
+    table = {alias: packed[name] for alias, name in names.items()}
+
+    def quantizer(prefix: str, weight: torch.Tensor):
+        if prefix in table:
+            return table[prefix]
+        print(f"ternop: {prefix} was not reached by calibration; using optimal rounding", file=sys.stderr)
+        return quantize_weight(weight, "optimal")
+
+    return quantizer
+
+
+def quantize_checkpoint_calibrated(src, dst, calib_file: str, skip=(), progress: bool = True, **kwargs):
+    """Writes a calibrated v1 checkpoint from the HF folder ``src``; returns the checkpoint report."""
+    from ternop.checkpoint import quantize_checkpoint
+
+    quantizer = make_quantizer(Path(src), calib_file, skip, progress, **kwargs)
+    return quantize_checkpoint(src, dst, method="calibrated", skip=skip, progress=progress, quantizer=quantizer)
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="layer", desc="calibrate", file=sys.stderr, disable=not enabled)

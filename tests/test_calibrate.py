@@ -1,0 +1,154 @@
+"""Calibrated ternarization: lower output error than rounding, exact scale refit, checkpoints via ternop quantize."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternop import calibrate
+from ternop.format import BLOCK_SIZE, dequantize, validate
+from ternop.quantize import quantize_to_values
+
+
+def _anisotropic_inputs(tokens: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Activations with a few loud channels and correlated ones, like a transformer's."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=g) / k**0.5 + torch.eye(k)
+    x = torch.randn(tokens, k, generator=g) @ mix
+    loud = torch.randperm(k, generator=g)[: k // 16]
+    x[:, loud] *= 8.0
+    return x
+
+
+def _output_error(x: torch.Tensor, w: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> float:
+    q = values.float() * scale.float().repeat_interleave(BLOCK_SIZE, dim=1)
+    return float(((x @ (q - w).T) ** 2).sum() / ((x @ w.T) ** 2).sum())
+
+
+@pytest.mark.parametrize("n,k", [(37, 256), (64, 384)])
+def test_ternarize_layer_beats_optimal_rounding(n, k):
+    x = _anisotropic_inputs(2048, k)
+    w = torch.randn(n, k) * 0.05
+    values, scale, info = calibrate.ternarize_layer(w, x.T @ x)
+    assert values.dtype == torch.int8 and tuple(values.shape) == (n, k)
+    assert set(values.unique().tolist()) <= {-1, 0, 1}
+    assert scale.dtype == torch.float16 and tuple(scale.shape) == (n, k // BLOCK_SIZE)
+    assert bool((scale >= 0).all())
+    v0, s0 = quantize_to_values(w, "optimal")
+    base, ours = _output_error(x, w, v0, s0), _output_error(x, w, values, scale)
+    # Error feedback + scale refit cut the output error well below rounding's.
+    assert ours < 0.8 * base, (ours, base)
+    assert info["loss"] <= info["loss_optimal"]
+
+
+def test_ternarize_layer_follows_the_fp_target():
+    """With cross = X_fp^T X_q the layer compensates a perturbed input: closer to the fp output."""
+    k, n = 256, 48
+    xf = _anisotropic_inputs(2048, k, seed=1)
+    xq = xf + 0.3 * torch.randn_like(xf)  # the input after earlier layers went ternary
+    w = torch.randn(n, k) * 0.05
+    h = xq.T @ xq
+    plain_v, plain_s, _ = calibrate.ternarize_layer(w, h)
+    fp_v, fp_s, _ = calibrate.ternarize_layer(w, h, xf.T @ xq)
+
+    def err(v, s):
+        q = v.float() * s.float().repeat_interleave(BLOCK_SIZE, dim=1)
+        return float(((xq @ q.T - xf @ w.T) ** 2).sum())
+
+    assert err(fp_v, fp_s) < err(plain_v, plain_s)
+
+
+def test_refit_scales_is_least_squares():
+    k, n = 384, 5
+    x = _anisotropic_inputs(1024, k, seed=2)
+    h = x.T @ x
+    w = torch.randn(n, k)
+    values, _ = quantize_to_values(w, "optimal")
+    scale = calibrate._refit_scales(w, values, h, ridge=0.0)
+    # Per row, the same problem solved directly: min_s || X (sum_b s_b T_b - w)^T ||^2.
+    for row in range(n):
+        t = values[row].float()
+        basis = torch.stack([t * (torch.arange(k) // BLOCK_SIZE == b) for b in range(k // BLOCK_SIZE)], 1)
+        sol = torch.linalg.lstsq((x @ basis).double(), (x @ w[row]).double()).solution.float()
+        torch.testing.assert_close(scale[row], sol, rtol=2e-3, atol=1e-5)
+
+
+def test_ternarize_layer_rejects_bad_h():
+    with pytest.raises(ValueError, match=r"h must be \[K, K\]"):
+        calibrate.ternarize_layer(torch.randn(4, 128), torch.eye(256))
+
+
+@pytest.fixture(scope="module")
+def tiny_fp(tmp_path_factory):
+    """A tiny random BERT whose encoder weights are large enough for ternary error to show."""
+    from transformers import BertModel
+
+    from tests.models import tiny_bert
+
+    path = tiny_bert(tmp_path_factory.mktemp("cal") / "fp")
+    model = BertModel.from_pretrained(str(path))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and name.startswith("encoder."):
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def _texts():
+    from tests.models import PROMPTS
+
+    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
+    g = torch.Generator().manual_seed(0)
+    return [" ".join(words[i] for i in torch.randint(len(words), (12,), generator=g).tolist()) for _ in range(48)]
+
+
+def test_calibrate_model_closer_to_fp_than_rounding(tiny_fp):
+    from ternop.evaldata import embed_model, load_hf
+    from ternop.modules import quantize_module
+
+    texts = _texts()
+    fp, tok = load_hf(str(tiny_fp))
+    ref = embed_model(fp, tok, texts, "mean")
+    rounded, _ = load_hf(str(tiny_fp))
+    quantize_module(rounded, method="optimal")
+    cal, _ = load_hf(str(tiny_fp))
+    results = calibrate.calibrate_model(cal, tok, texts[:32], max_tokens=2048, progress=False)
+    assert len(results) == 12  # 2 layers x (q, k, v, attn out, intermediate, out)
+    for name, (values, scale) in results.items():
+        torch.testing.assert_close(cal.get_submodule(name).weight, calibrate._dequant(values, scale.float()))
+    # Held-out texts (the last 16) too.
+    cos_round = (embed_model(rounded, tok, texts, "mean") * ref).sum(-1)
+    cos_cal = (embed_model(cal, tok, texts, "mean") * ref).sum(-1)
+    assert float(cos_cal[32:].mean()) > float(cos_round[32:].mean())
+    assert float((1 - cos_cal).mean()) < 0.7 * float((1 - cos_round).mean())
+
+
+def test_quantize_cli_calibrated_writes_v1(tiny_fp, tmp_path):
+    from ternop.checkpoint import load_ternary_layers, read_quant_config
+    from ternop.cli import main
+
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(_texts()) + "\n")
+    dst = tmp_path / "cal"
+    assert main(["quantize", str(tiny_fp), str(dst), "--method", "calibrated", "--calib", str(calib), "--quiet"]) == 0
+    assert read_quant_config(dst)["quant_method"] == "ternary"
+    layers = load_ternary_layers(dst)
+    assert len(layers) == 12
+    for name, (packed, scale) in layers.items():
+        validate(packed, scale, name)
+    # Differs from plain rounding: the calibration changed codes or scales.
+    from safetensors.torch import load_file
+
+    fp = load_file(str(tiny_fp / "model.safetensors"))
+    w = fp["encoder.layer.1.output.dense.weight"]
+    packed, scale = layers["encoder.layer.1.output.dense"]
+    v0, s0 = quantize_to_values(w, "optimal")
+    assert not torch.equal(dequantize(packed, scale), v0.float() * s0.float().repeat_interleave(BLOCK_SIZE, 1))
+
+
+def test_quantize_calibrated_needs_calib(tiny_fp, tmp_path):
+    from ternop.cli import main
+
+    assert main(["quantize", str(tiny_fp), str(tmp_path / "x"), "--method", "calibrated", "--quiet"]) == 2

@@ -1,0 +1,127 @@
+"""ternop distill: the straight-through layer, training that lowers the loss, resume, and the v1 output."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from ternop import distill
+from ternop.format import BLOCK_SIZE, dequantize, validate
+
+
+def test_qat_linear_forward_is_ternary_and_grads_flow():
+    torch.manual_seed(0)
+    latent = torch.randn(13, 256) * 0.05
+    scale = torch.full((13, 2), 0.04)
+    layer = distill.QATLinear(latent, scale, torch.randn(13))
+    x = torch.randn(5, 256, requires_grad=True)
+    y = layer(x)
+    values = layer.values()
+    assert set(values.unique().tolist()) <= {-1, 0, 1}
+    dense = values.float() * scale.repeat_interleave(BLOCK_SIZE, dim=1)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, dense, layer.bias))
+    y.square().sum().backward()
+    for name in ("weight", "scale", "bias"):
+        grad = getattr(layer, name).grad
+        assert grad is not None and bool(grad.abs().sum() > 0), name
+    assert x.grad is not None
+
+
+def test_qat_linear_rejects_bad_scale_shape():
+    with pytest.raises(ValueError, match=r"scale \[N, K/128\]"):
+        distill.QATLinear(torch.zeros(4, 256), torch.ones(4, 3), None)
+
+
+@pytest.fixture(scope="module")
+def tiny_fp(tmp_path_factory):
+    from transformers import BertModel
+
+    from tests.models import tiny_bert
+
+    path = tiny_bert(tmp_path_factory.mktemp("distill") / "fp")
+    model = BertModel.from_pretrained(str(path))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and name.startswith("encoder."):
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    from tests.models import PROMPTS
+
+    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[i] for i in torch.randint(len(words), (10,), generator=g).tolist()) for _ in range(40)]
+    path = tmp_path_factory.mktemp("data") / "train.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _args(base, dst, data, **kw) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    distill.add_arguments(parser)
+    argv = [str(base), str(dst), "--data", str(data), "--batch-size", "8", "--quiet", "--init", "optimal",
+            "--lr", "2e-3", "--lr-scale", "1e-3"]  # fmt: skip
+    for key, value in kw.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return parser.parse_args(argv)
+
+
+def _cosine_to_teacher(base, ckpt, texts) -> float:
+    from ternop.evaldata import embed_model, load_hf
+    from tests.models import hf_model_from_checkpoint
+
+    teacher, tok = load_hf(str(base))
+    student = hf_model_from_checkpoint(ckpt)
+    a = embed_model(teacher, tok, texts, "mean")
+    b = embed_model(student, tok, texts, "mean")
+    return float((a * b).sum(-1).mean())
+
+
+def test_distill_improves_on_rounding_and_writes_v1(tiny_fp, data_file, tmp_path):
+    from ternop.checkpoint import load_ternary_layers, quantize_checkpoint, read_quant_config
+
+    texts = data_file.read_text().splitlines()
+    rounded = tmp_path / "rounded"
+    quantize_checkpoint(tiny_fp, rounded, method="optimal", progress=False)
+    dst = tmp_path / "distilled"
+    assert distill.main(_args(tiny_fp, dst, data_file, steps=25)) == 0
+    assert read_quant_config(dst)["quant_method"] == "ternary"
+    layers = load_ternary_layers(dst)
+    assert len(layers) == 12
+    for name, (packed, scale) in layers.items():
+        validate(packed, scale, name)
+        assert bool(torch.isfinite(dequantize(packed, scale)).all())
+    assert (tmp_path / "distilled.distill-state.pt").exists()
+    before = _cosine_to_teacher(tiny_fp, rounded, texts)
+    after = _cosine_to_teacher(tiny_fp, dst, texts)
+    assert after > before + 0.5 * (1 - before), (before, after)
+
+
+def test_distill_resume_equals_uninterrupted(tiny_fp, data_file, tmp_path):
+    from ternop.checkpoint import load_ternary_layers
+
+    straight = tmp_path / "straight"
+    assert distill.main(_args(tiny_fp, straight, data_file, steps=6, save_every=3)) == 0
+    resumed = tmp_path / "resumed"
+    state = tmp_path / "state.pt"
+    assert distill.main(_args(tiny_fp, resumed, data_file, steps=6, stop_at=3, state=state)) == 0
+    assert torch.load(state)["step"] == 3 and not resumed.exists()
+    assert distill.main(_args(tiny_fp, resumed, data_file, steps=6, state=state, resume=True)) == 0
+    a, b = load_ternary_layers(straight), load_ternary_layers(resumed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name][0], b[name][0]), name
+        torch.testing.assert_close(a[name][1], b[name][1], rtol=0, atol=0)
+
+
+def test_distill_rejects_bad_steps(tiny_fp, data_file, tmp_path, capsys):
+    assert distill.main(_args(tiny_fp, tmp_path / "x", data_file, steps=0)) == 2
+    assert "--steps" in capsys.readouterr().err
