@@ -46,7 +46,7 @@ def _child(spec_path: str) -> int:
     import torch
 
     spec = json.loads(Path(spec_path).read_text())
-    from ternop.vllm_plugin import register
+    from ternop.vllm_plugin import linear_methods, register
 
     register()
     from vllm import LLM
@@ -59,22 +59,13 @@ def _child(spec_path: str) -> int:
     outs = llm.embed(spec["prompts"])
     t_embed = time.perf_counter() - t0 - t_load
     try:
-        methods = llm.apply_model(_count_methods)
+        methods = llm.apply_model(linear_methods)
     except Exception as e:  # noqa: BLE001  (only informative; the embeddings are the check)
         methods = [f"apply_model failed: {type(e).__name__}: {e}"]
     vecs = torch.tensor([o.outputs.embedding for o in outs], dtype=torch.float32)
     torch.save(vecs, spec["out"])
     Path(spec["out"] + ".json").write_text(json.dumps({"methods": methods, "load_s": t_load, "embed_s": t_embed}))
     return 0
-
-
-def _count_methods(model) -> dict:
-    counts: dict[str, int] = {}
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            counts[type(method).__name__] = counts.get(type(method).__name__, 0) + 1
-    return counts
 
 
 class Runner:
@@ -119,6 +110,8 @@ class Runner:
             info["error"] = (proc.stderr or proc.stdout)[-1500:]
             return None, info
         info.update(json.loads(Path(spec["out"] + ".json").read_text()))
+        if isinstance(info["methods"][0], dict):
+            info["ternary_layers"] = info["methods"][0].get("TernaryLinearMethod", 0)
         return torch.nn.functional.normalize(torch.load(spec["out"]), dim=-1), info
 
     def save(self) -> None:
@@ -197,7 +190,8 @@ def main() -> int:
                     if got is not None:
                         cos = _cosines(got, refs[name])
                         info.update(min_cosine=min(cos), cosines=cos, threshold=COS_MIN[dtype])
-                        info["ok"] = min(cos) >= COS_MIN[dtype]
+                        # Zero ternary layers would mean the checkpoint ran through some other method.
+                        info["ok"] = min(cos) >= COS_MIN[dtype] and info.get("ternary_layers") != 0
                     else:
                         info["ok"] = False
                     if not info["ok"]:

@@ -22,4 +22,19 @@ def register() -> None:
     _registered = True
 
 
-__all__ = ["register"]
+def linear_methods(model) -> dict[str, int]:
+    """How many layers of a loaded vLLM model use each quantization method class.
+
+    Pass it to ``LLM.apply_model``; it lives here, importable, so that vLLM's worker
+    processes can unpickle it. Example: ``{"TernaryLinearMethod": 24, "UnquantizedLinearMethod": 2}``.
+    """
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            name = type(method).__name__
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+__all__ = ["linear_methods", "register"]

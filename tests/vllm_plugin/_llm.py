@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ternop.vllm_plugin import linear_methods
 from tests.models import PROMPTS, hf_embed, hf_model_from_checkpoint
 
 COSINE_MIN = 0.99999  # fp32, per prompt
@@ -20,21 +21,12 @@ def vllm_embed(path: str | Path, *, eager: bool, prompts=PROMPTS, **kwargs) -> t
               seed=0, **kwargs)  # fmt: skip
     try:
         outs = llm.embed(list(prompts))
-        methods = llm.apply_model(_count_methods)
+        methods = llm.apply_model(linear_methods)
     finally:
         del llm
         gc.collect()
     vecs = torch.tensor([o.outputs.embedding for o in outs], dtype=torch.float32)
     return torch.nn.functional.normalize(vecs, dim=-1), methods
-
-
-def _count_methods(model) -> dict:
-    counts: dict[str, int] = {}
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            counts[type(method).__name__] = counts.get(type(method).__name__, 0) + 1
-    return counts
 
 
 def reference_embed(path: str | Path, pooling: str, prompts=PROMPTS) -> torch.Tensor:
