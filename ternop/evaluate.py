@@ -294,11 +294,11 @@ def check_gates(values: dict[str, float], gates: dict) -> list[str]:
     for name, limit in gates.get("min", {}).items():
         v = values.get(name)
         if v is None or not v >= limit:
-            failures.append(f"{name} = {v} is below the minimum {limit}")
+            failures.append(f"{name} = {_g(v)} is below the minimum {limit}")
     for name, limit in gates.get("max", {}).items():
         v = values.get(name)
         if v is None or not v <= limit:
-            failures.append(f"{name} = {v} is above the maximum {limit}")
+            failures.append(f"{name} = {_g(v)} is above the maximum {limit}")
     return failures
 
 
@@ -335,6 +335,10 @@ def format_table(report: dict) -> str:
         lines.append("gate: " + ("PASS" if gate["passed"] else "FAIL"))
         lines += [f"  - {f}" for f in gate["failures"]]
     return "\n".join(lines)
+
+
+def _g(v) -> str:
+    return "missing" if v is None else f"{v:.4g}"
 
 
 def _fmt(v) -> str:
