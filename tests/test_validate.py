@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -64,15 +65,17 @@ def test_tp_shard_check_detects_a_wrong_shard(ternary_qwen3, monkeypatch):
     assert not ok and lines[2].startswith("TP_SHARD: FAIL ShardMismatch") and "rank 1/2" in lines[2], lines
 
 
-def test_validate_reports_reserved_code_naming_layer(ternary_qwen3, tmp_path):
+def test_validate_reports_reserved_code_naming_layer(ternary_qwen3, tmp_path, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(ternary_qwen3, bad)
     tensors = load_file(str(bad / "model.safetensors"))
     tensors["layers.0.self_attn.o_proj.weight_packed"][0, 0] = 0b1100_0000
     save_file(tensors, str(bad / "model.safetensors"))
-    proc = _cli(bad, "--tp", "1")
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 1 and len(lines) == 3, proc.stdout + proc.stderr
+    parser = argparse.ArgumentParser()
+    validate.add_arguments(parser)
+    rc = validate.main(parser.parse_args([str(bad), "--tp", "1"]))
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 1 and len(lines) == 3, lines
     assert lines[0].startswith("CPU_UNPACK: FAIL") and "layers.0.self_attn.o_proj" in lines[0]
     assert "reserved code" in lines[0]
 
