@@ -66,6 +66,55 @@ def test_serve_batch_cap_never_exceeds_queue_cap():
     assert cmd[cmd.index("--max-num-queued-reqs") + 1] == "100"
 
 
+def _through_limits(body: bytes, monkeypatch, chunk: int = 1 << 16, path: str = "/v1/embeddings"):
+    """Sends ``body`` through RequestLimits in front of an echo app -> (status, response body, body the app got)."""
+    import asyncio
+
+    monkeypatch.setenv("TERNOP_SERVE_MAX_INPUTS", "4")
+    monkeypatch.setenv("TERNOP_SERVE_MAX_BODY_BYTES", "1000")
+    seen = {}
+
+    async def app(scope, receive, send):
+        got, more = b"", True
+        while more:
+            msg = await receive()
+            got += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        seen["body"] = got
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+    sent = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+    asyncio.run(serve.RequestLimits(app)(scope, receive, send))
+    status = sent[0]["status"]
+    return status, b"".join(m.get("body", b"") for m in sent[1:]), seen.get("body")
+
+
+def test_serve_request_limits_middleware(monkeypatch):
+    ok = json.dumps({"model": "m", "input": ["a", "b", "c", "d"]}).encode()
+    assert _through_limits(ok, monkeypatch, chunk=7) == (200, b"ok", ok)  # replayed whole to the app
+    status, body, seen = _through_limits(json.dumps({"input": ["a"] * 5}).encode(), monkeypatch)
+    assert (status, seen) == (413, None) and "at most 4" in json.loads(body)["error"]["message"]
+    status, body, seen = _through_limits(b'{"input": "' + b"x" * 2000 + b'"}', monkeypatch, chunk=100)
+    assert (status, seen) == (413, None) and "1000 bytes" in json.loads(body)["error"]["message"]
+    status, body, _ = _through_limits(b'{"input": ["\xff"]}', monkeypatch)
+    assert status == 400 and "UTF-8" in json.loads(body)["error"]["message"]
+    for passthrough in (b'{"input": [', b"[1, 2]", b'{"input": "text"}'):  # vLLM validates these itself
+        assert _through_limits(passthrough, monkeypatch)[2] == passthrough
+    big = json.dumps({"input": ["a"] * 5}).encode()
+    assert _through_limits(big, monkeypatch, path="/health")[0] == 200  # other routes are not touched
+
+
 # ------------------------------------------------------------------------- a served model
 
 
