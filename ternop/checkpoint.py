@@ -314,8 +314,18 @@ def write_checkpoint(
     Every non-safetensors file is copied; config.json gains the quantization_config.
     Atomic: ``dst_dir`` appears complete or not at all.
     """
+    from safetensors import safe_open
+
     src, overrides = Path(src_dir), dict(overrides or {})
-    _check_not_quantized(src, _safetensors_files(src))
+    files = _safetensors_files(src)
+    _check_not_quantized(src, files)
+    names = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    missing = sorted(p for p in quantized if p + ".weight" not in names)
+    if missing:
+        raise CheckpointError(f"quantized layers with no <prefix>.weight in {str(src)!r}: {missing[:5]}")
     for prefix, (packed, scale) in quantized.items():
         check_shapes(packed, scale, prefix)
 
@@ -328,12 +338,8 @@ def write_checkpoint(
             raise CheckpointError(f"{prefix}: ternary layer is [N, K] = {[n, k]}, but {name} is {list(shape)}")
         return True
 
-    done = _write(src, Path(dst_dir), decide, lambda prefix, _load: quantized[prefix], overrides,
-                  modules_to_not_convert, overwrite, progress)  # fmt: skip
-    missing = sorted(set(quantized) - set(done))
-    if missing:
-        shutil.rmtree(dst_dir, ignore_errors=True)
-        raise CheckpointError(f"quantized layers with no <prefix>.weight in the source: {missing[:5]}")
+    _write(src, Path(dst_dir), decide, lambda prefix, _load: quantized[prefix], overrides, modules_to_not_convert,
+           overwrite, progress)  # fmt: skip
 
 
 @dataclass

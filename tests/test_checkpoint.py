@@ -120,6 +120,10 @@ def test_write_checkpoint_rejects_wrong_layer_shape(bert_dir, tmp_path):
         ckpt.write_checkpoint(bert_dir, tmp_path / "o", {"encoder.layer.0.attention.output.dense": bad},
                               modules_to_not_convert=[], progress=False)  # fmt: skip
     assert not (tmp_path / "o").exists()
+    with pytest.raises(ckpt.CheckpointError, match=r"no <prefix>\.weight.*encoder\.layer\.9\.output\.dense"):
+        ckpt.write_checkpoint(bert_dir, tmp_path / "o", {"encoder.layer.9.output.dense": bad},
+                              modules_to_not_convert=[], progress=False)  # fmt: skip
+    assert not (tmp_path / "o").exists()
 
 
 def test_quantize_errors_missing_folder_and_no_safetensors(tmp_path):
