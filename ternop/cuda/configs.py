@@ -49,6 +49,11 @@ class CudaGemvConfig:
     """The CUDA C++ kernel picks its own launch shape; the table only bounds M."""
 
 
+@dataclass(frozen=True)
+class CudaMmaConfig:
+    """The tensor-core CUDA C++ kernel picks its own launch shape; the table only bounds M."""
+
+
 # backend name -> ascending list of (largest M served, config). A backend also has a
 # smallest M (MIN_M): below it a cheaper backend is always better, so it declines.
 Table = dict[str, list[tuple[int, object]]]
@@ -64,7 +69,12 @@ _BIG = 1 << 62
 #   last and only runs when forced or when the GEMM cannot.
 # - dequant_cublas (one dequantization pass, then cuBLAS) beats the in-GEMM decode from
 #   M = 64 on most shapes; see MIN_M.
+# - cuda_mma (tensor cores, priority 5) is set to take M <= 16 before it was measured: its
+#   decode costs the same for M = 1..8 (one n8 tile) and little more for 9..16 (two), and
+#   it was designed to replace both cuda_gemv and the GEMM there. Re-check against
+#   bench_linear.json once it has been run on the H200.
 SM90: Table = {
+    "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "triton_gemv": [(4, GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=2))],
     "triton_gemm": [
@@ -78,6 +88,7 @@ SM90: Table = {
 }
 
 DEFAULT: Table = {
+    "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_gemv": [(8, CudaGemvConfig())],
     "triton_gemv": [(4, GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=2))],
     "triton_gemm": [

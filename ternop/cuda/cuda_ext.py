@@ -1,8 +1,8 @@
-"""JIT build and load of the CUDA C++ kernel (``ternop::linear_cuda``), with a persistent cache.
+"""JIT build and load of the CUDA C++ kernels (``ternop::linear_cuda``, ``ternop::linear_cuda_mma``).
 
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
-the reason and the registry skips the ``cuda_gemv`` backend. The build runs once per
-process at most, on the first CUDA call that could use it; its output is cached under
+the reason and the registry skips the ``cuda_gemv`` and ``cuda_mma`` backends. The build
+runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch.
 ``TERNOP_NO_CUDA_EXT=1`` turns it off.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "linear_cuda.cpp", CSRC / "ternary_gemv.cu")
+SOURCES = (CSRC / "linear_cuda.cpp", CSRC / "ternary_gemv.cu", CSRC / "ternary_mma.cu")
+OPS = ("linear_cuda", "linear_cuda_mma")
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"
 
@@ -31,7 +32,7 @@ def cache_dir(capability: tuple[int, int]) -> Path:
 def _build() -> tuple[bool, str]:
     if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return False, f"disabled by {ENV_DISABLE}"
-    if hasattr(torch.ops.ternop, "linear_cuda"):
+    if all(hasattr(torch.ops.ternop, op) for op in OPS):
         return True, ""  # already registered (an earlier load in this process)
     if torch.version.cuda is None or not torch.cuda.is_available():
         return False, "torch has no CUDA device"
@@ -63,8 +64,9 @@ def _build() -> tuple[bool, str]:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = saved
-    if not hasattr(torch.ops.ternop, "linear_cuda"):
-        return False, "the library loaded but did not register ternop::linear_cuda"
+    missing = [op for op in OPS if not hasattr(torch.ops.ternop, op)]
+    if missing:
+        return False, f"the library loaded but did not register ternop::{', ternop::'.join(missing)}"
     return True, ""
 
 

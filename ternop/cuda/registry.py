@@ -1,6 +1,7 @@
 """The CUDA backends of ternop::linear and their ``can_implement`` answers.
 
-Order (lower priority first): ``cuda_gemv`` (CUDA C++, small M), ``dequant_cublas``
+Order (lower priority first): ``cuda_mma`` (CUDA C++ on tensor cores, M <= 16, fp16/bf16
+x), ``cuda_gemv`` (CUDA C++ on CUDA cores, small M), ``dequant_cublas``
 (large M: Triton dequantization, then cuBLAS), ``triton_gemm`` (tensor cores, every M),
 ``triton_gemv`` (CUDA cores, small M; last because the GEMM beat it at every measured M,
 so it runs only when forced). Which M each one takes comes from the static
@@ -19,8 +20,13 @@ from ternop.cuda import configs
 
 _triton: dict[str, object] = {}
 
-# The CUDA C++ kernel is instantiated for 1 <= M <= 8 (ternary_gemv.cu).
+# The CUDA C++ kernels are instantiated for 1 <= M <= 8 (ternary_gemv.cu) and 1 <= M <= 16
+# (ternary_mma.cu, fp16/bf16 x only, mma.sync m16n8k16 needs sm_80).
 CUDA_GEMV_MAX_M = 8
+CUDA_MMA_MAX_M = 16
+CUDA_MMA_MIN_CAPABILITY = (8, 0)
+
+_capability: dict[int, tuple[int, int]] = {}
 
 
 def _forced(name: str) -> bool:
@@ -117,7 +123,42 @@ def _run_cuda_gemv(x2, weight_packed, weight_scale, bias):
     return torch.ops.ternop.linear_cuda(x2, weight_packed, weight_scale, bias)
 
 
+def _device_capability(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capability:
+        _capability[index] = torch.cuda.get_device_capability(index)
+    return _capability[index]
+
+
+def _can_cuda_mma(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
+    if x2.dtype not in (torch.float16, torch.bfloat16):
+        return False, f"x dtype {x2.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
+    if x2.shape[0] > CUDA_MMA_MAX_M:
+        return False, f"M={x2.shape[0]} is above the kernel's M <= {CUDA_MMA_MAX_M}"
+    config, why = configs.lookup("cuda_mma", x2.shape[0], x2.device, _forced("cuda_mma"))
+    if config is None:
+        return False, why
+    why = _common(x2, weight_packed)
+    if why:
+        return False, why
+    # 16-byte loads of x, 8-byte loads of weight_packed (checked at 16 like cuda_gemv).
+    if weight_packed.data_ptr() % 16 or x2.data_ptr() % 16:
+        return False, "x and weight_packed must be 16-byte aligned"
+    capability = _device_capability(x2.device)
+    if capability < CUDA_MMA_MIN_CAPABILITY:
+        return False, f"mma.sync m16n8k16 needs sm_80 or newer, this GPU is sm_{capability[0]}{capability[1]}"
+    from ternop.cuda import cuda_ext
+
+    ok, why = cuda_ext.load()
+    return ok, why if ok else f"extension not built: {why}"
+
+
+def _run_cuda_mma(x2, weight_packed, weight_scale, bias):
+    return torch.ops.ternop.linear_cuda_mma(x2, weight_packed, weight_scale, bias)
+
+
 BACKENDS = (
+    backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_gemv", "cuda", 40, _can_triton("triton_gemv"), _run_triton_gemv),
     backends.Backend("dequant_cublas", "cuda", 25, _can_dequant_cublas, _run_dequant_cublas),

@@ -47,4 +47,12 @@ def test_configs_tables_are_ascending_and_well_formed():
 def test_registry_order_and_names():
     registry.register_all()
     names = [b.name for b in backends.available("cuda")]
-    assert names == ["cuda_gemv", "dequant_cublas", "triton_gemm", "triton_gemv"]
+    assert names == ["cuda_mma", "cuda_gemv", "dequant_cublas", "triton_gemm", "triton_gemv"]
+
+
+def test_configs_cuda_mma_takes_m_up_to_16(sm90):
+    for m in (1, 8, 9, 16):
+        config, why = configs.lookup("cuda_mma", m, DEV)
+        assert isinstance(config, configs.CudaMmaConfig), why
+    config, why = configs.lookup("cuda_mma", 17, DEV)
+    assert config is None and "M=17" in why

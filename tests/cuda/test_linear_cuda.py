@@ -20,8 +20,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BACKENDS = ["cuda_gemv", "triton_gemv", "dequant_cublas", "triton_gemm"]
-SMALL_M = {"cuda_gemv": 8, "triton_gemv": 4, "dequant_cublas": 1 << 30, "triton_gemm": 1 << 30}
+BACKENDS = ["cuda_mma", "cuda_gemv", "triton_gemv", "dequant_cublas", "triton_gemm"]
+SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4, "dequant_cublas": 1 << 30, "triton_gemm": 1 << 30}
+CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 
 # (M, K, N): every M, K and N of the issue appears, in a sample that runs in seconds.
 SHAPES = [
@@ -74,7 +75,7 @@ def _skip_unavailable(name, x, packed, scale):
     ternop.linear(x[:1], packed, scale)  # loads the CUDA backends
     backend = backends._BACKENDS[name]
     ok, why = backend.can_implement(x.reshape(-1, x.shape[-1]), packed, scale, None)
-    if not ok and name == "cuda_gemv" and "extension not built" in why:
+    if not ok and name in CPP_BACKENDS and ("extension not built" in why or "needs sm_80" in why):
         pytest.skip(why)
 
 
@@ -92,14 +93,61 @@ def test_linear_cuda_numerics(monkeypatch, name, dtype):
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
 
+# The tensor-core kernel: every M of both n8 tiles' edges, K giving 1, 2, 4 and 8 warps per
+# CTA (and warps with no block: K = 2176 has 17 blocks over 8 warps), N not a multiple of 16.
+MMA_SHAPES = [
+    (1, 128, 128),
+    (2, 384, 136),
+    (3, 640, 1152),
+    (5, 1024, 136),
+    (8, 1152, 4096),
+    (9, 2176, 136),
+    (15, 4096, 1152),
+    (16, 14336, 136),
+    (16, 4096, 4096),
+    (1, 14336, 4096),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_cuda_mma_shapes_with_bias(monkeypatch, dtype):
+    for m, k, n in MMA_SHAPES:
+        packed, scale = _weights(n, k)
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        bias = torch.randn(n, device="cuda").to(dtype)
+        _skip_unavailable("cuda_mma", x, packed, scale)
+        _force(monkeypatch, "cuda_mma")
+        y = ternop.linear(x, packed, scale, bias)
+        _check(y, x, packed, scale, bias)
+        assert torch.equal(y, torch.ops.ternop.linear_cuda_mma(x, packed, scale, bias))  # deterministic
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+
+
+def test_linear_cuda_mma_declines_with_reasons():
+    packed, scale = _weights(136, 512)
+    x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
+    ternop.linear(x, packed, scale)  # loads the CUDA backends
+    can = backends._BACKENDS["cuda_mma"].can_implement
+    ok, why = can(x.float(), packed, scale, None)
+    assert not ok and "float32" in why
+    ok, why = can(torch.randn(17, 512, device="cuda", dtype=torch.float16), packed, scale, None)
+    assert not ok and "M=17" in why
+    ok, why = can(torch.randn(3 * 512 + 1, device="cuda", dtype=torch.float16)[1:].view(3, 512), packed, scale, None)
+    assert not ok and ("aligned" in why or "needs sm_80" in why or "extension not built" in why)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("name", [None, *BACKENDS])
 def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
     k, n = 1024, 136
     packed, scale = _weights(n, k)
     bias = torch.randn(n, device="cuda").to(dtype)
-    m_total = 4 if name in ("cuda_gemv", "triton_gemv") else 80
+    m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16}.get(name, 80)
     x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
+    if name == "cuda_mma" and dtype == torch.float32:
+        ok, why = backends._BACKENDS[name].can_implement(x3.reshape(-1, k), packed, scale, bias)
+        assert not ok and "float32" in why
+        name = None  # the dispatcher must still serve fp32 with another backend
     _skip_unavailable(name, x3, packed, scale)
     _force(monkeypatch, name)
     _check(ternop.linear(x3, packed, scale, bias), x3, packed, scale, bias)
@@ -127,8 +175,8 @@ def test_linear_cuda_dispatch_by_m():
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         ternop.linear(x, packed, scale)
         chosen[m] = backends.select(x, packed, scale).name
-    assert chosen[1] in ("cuda_gemv", "triton_gemm")
-    assert chosen[16] == "triton_gemm"
+    assert chosen[1] in ("cuda_mma", "cuda_gemv", "triton_gemm")
+    assert chosen[16] in ("cuda_mma", "triton_gemm")
     assert chosen[4096] == "dequant_cublas"
     reasons = dict((name, why) for name, ok, why in backends.explain(x, packed, scale) if not ok)
     assert "M=4096" in reasons["triton_gemv"]
@@ -173,11 +221,17 @@ def test_linear_cuda_compile_dynamic_m_one_graph():
     torch.testing.assert_close(y_big, f(x_big), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("m", [1, 3, 64, 1000])
-def test_linear_cuda_graph_capture_replays(m):
+@pytest.mark.parametrize(
+    "m,name,dtype",
+    [(1, None, torch.float16), (3, None, torch.float16), (64, None, torch.float16), (1000, None, torch.float16),
+     (1, "cuda_mma", torch.bfloat16), (16, "cuda_mma", torch.float16)],
+)
+def test_linear_cuda_graph_capture_replays(monkeypatch, m, name, dtype):
     packed, scale = _weights(4096, 1024)
-    bias = torch.randn(4096, device="cuda", dtype=torch.float16)
-    x = torch.randn(m, 1024, device="cuda", dtype=torch.float16)
+    bias = torch.randn(4096, device="cuda", dtype=dtype)
+    x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+    _skip_unavailable(name, x, packed, scale)
+    _force(monkeypatch, name)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: JIT compiles and the extension build happen here
@@ -217,6 +271,7 @@ def test_linear_cuda_unaligned_x_falls_back(m):
     x = flat[1:].view(m, k)
     assert x.data_ptr() % 16 != 0
     reasons = {name: why for name, ok, why in backends.explain(x, packed, scale) if not ok}
-    if m == 1 and "cuda_gemv" in reasons and "extension not built" not in reasons["cuda_gemv"]:
-        assert "aligned" in reasons["cuda_gemv"]
+    for name in CPP_BACKENDS:
+        if m == 1 and name in reasons and "extension not built" not in reasons[name]:
+            assert "aligned" in reasons[name] or "needs sm_80" in reasons[name]
     _check(ternop.linear(x, packed, scale), x, packed, scale)

@@ -1,4 +1,4 @@
-"""The CUDA C++ kernel source compiles for sm_90 with nvcc (no GPU needed).
+"""The CUDA C++ kernel sources compile for sm_90 with nvcc (no GPU needed).
 
 It catches syntax and PTX errors in CI machines without a GPU. The torch binding
 (linear_cuda.cpp) is compiled by the JIT build on GPU machines.
@@ -17,9 +17,10 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-def test_nvcc_compiles_kernel_for_sm90(tmp_path):
-    source = CSRC / "ternary_gemv.cu"
-    obj = tmp_path / "ternary_gemv.o"
+@pytest.mark.parametrize("name", ["ternary_gemv", "ternary_mma"])
+def test_nvcc_compiles_kernel_for_sm90(tmp_path, name):
+    source = CSRC / f"{name}.cu"
+    obj = tmp_path / f"{name}.o"
     cmd = [
         # -Xptxas -O1: ptxas still checks the inline PTX, in less time than full optimisation.
         NVCC, "-c", "-std=c++17", "-O3", "-Xptxas", "-O1", "-gencode=arch=compute_90,code=sm_90",

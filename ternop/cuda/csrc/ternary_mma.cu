@@ -1,0 +1,337 @@
+// Small-M ternary linear on tensor cores for format v1: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]),
+// 1 <= M <= 16, x fp16 or bf16.
+//
+// Like ternary_gemv.cu this file holds only CUDA code (no torch headers) so that nvcc can
+// compile it alone in CI; linear_cuda.cpp calls launch_ternary_mma().
+//
+// Orientation. One mma.sync m16n8k16 multiplies A = 16 weight rows x 16 k by B = 16 k x 8
+// tokens into C = fp32 [16 rows x 8 tokens]; M <= 8 uses one n8 tile, M <= 16 two that
+// share the A fragment. Tokens past M are zero in B.
+//
+// k order. Inside one mma the order of the 16 k slots is free as long as A and B agree.
+// Lane (g = lane / 4, q = lane % 4) owns, for rows g and g + 8, the 32 codes
+// [32q, 32q + 32) of each 128-wide scale block: 8 bytes = two words (h = 0, 1) of 16 codes.
+// The four lanes of a quad read one 32-byte sector per row. mma step i (0..7) of a block
+// takes word h = i / 4 and e = 2 * (i % 4), and its A registers hold (low half, high half):
+//   slots (2q, 2q+1)   <- codes (e, e + 8)     of word h
+//   slots (2q+8, 2q+9) <- codes (e + 1, e + 9) of word h
+// so all 16 k of an mma lie in one scale block: 8 steps give the block's fp32 partial,
+// which is multiplied by its fp16 scale (as fp32) and added to the accumulator.
+// tests/cuda/test_mma_mapping.py replays this mapping in NumPy.
+//
+// Decode. Per 2-bit field lo - hi + 2 is in {1, 2, 3}, so
+//   d = (w & 0x55555555) + 0xAAAAAAAA - ((w >> 1) & 0x55555555)
+// holds v + 2 in every field with no carries (reserved 0b11 reads as 0). Codes j and j + 8
+// of a word sit 16 bits apart, so ((d >> 2j) & 0x00030003) | magic puts both in the low
+// mantissa bits of a half pair whose value is 2^10 + (v + 2) (fp16, magic 0x6400) or
+// 2^7 + (v + 2) (bf16, magic 0x4300), exactly; one packed subtract of (2^10 + 2) or
+// (2^7 + 2) leaves v. That is a shift, a LOP3 and an HSUB2 per two codes.
+//
+// Work split. A CTA of W warps owns 16 rows; warp w takes a contiguous range of scale
+// blocks and keeps kDepth blocks of weight loads in flight. Warps 1..W-1 leave their C
+// fragments in shared memory; warp 0 adds them in a fixed order (deterministic), adds the
+// bias and writes out once. No atomics, no workspace.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace ternop {
+
+namespace {
+
+constexpr int kMaxWarps = 8;
+// Scale blocks of weight loads in flight per warp. Deeper prefetch made ptxas keep the x of
+// later blocks live too (106-128 registers at depth 4).
+constexpr int kDepth = 2;
+// CTAs per SM that ptxas must fit: 64 registers for one n8 tile, 128 for two (measured
+// with -Xptxas -v: 64 and 88, no spills).
+template <int NT>
+constexpr int min_ctas() { return NT == 1 ? 4 : 2; }
+
+// The weights are read exactly once: keep them out of L1, where x lives.
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024) as fp16: ulp 1
+  static constexpr uint32_t kBias = 0x64026402u;   // (1026, 1026)
+  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) {
+    __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // no m16n8k16 before sm_80; the registry never launches it there
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+  }
+  __device__ __forceinline__ static __half from_float(float f) { return __float2half_rn(f); }
+  __device__ __forceinline__ static float to_float(__half h) { return __half2float(h); }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128) as bf16: ulp 1
+  static constexpr uint32_t kBias = 0x43024302u;   // (130, 130)
+  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r =
+        __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // no m16n8k16 before sm_80; the registry never launches it there
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+  }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float f) { return __float2bfloat16_rn(f); }
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
+};
+
+// v + 2 in every 2-bit field of w (see the file comment).
+__device__ __forceinline__ uint32_t plus2(uint32_t w) {
+  return (w & 0x55555555u) + 0xAAAAAAAAu - ((w >> 1) & 0x55555555u);
+}
+
+// Codes j (low half) and j + 8 (high half) of the word whose plus2() is d, as a pair of v.
+// The mask and the OR are one LOP3 only when the magic sits in a register (a LOP3 takes one
+// immediate), which ptxas does not arrange by itself.
+template <typename T, int J>
+__device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
+  uint32_t r;
+  // 0xEA = (a & b) | c
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(d >> (2 * J)), "n"(0x00030003), "r"(magic));
+  return Mma<T>::sub(r, Mma<T>::kBias);
+}
+
+// The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
+template <typename T>
+__device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = __ldg(q + i);
+    xv[4 * i] = v.x;
+    xv[4 * i + 1] = v.y;
+    xv[4 * i + 2] = v.z;
+    xv[4 * i + 3] = v.w;
+  }
+}
+
+// mma step 4H + S of a block (e = 2S): A from codes (e, e + 8) and (e + 1, e + 9) of word H
+// of rows g (d_g = plus2 of that word) and g + 8 (d_g8); B from the same k of x.
+template <typename T, int NT, int H, int S>
+__device__ __forceinline__ void mma_step(uint32_t d_g, uint32_t d_g8, const uint32_t (&xv)[NT][16], uint32_t magic,
+                                         float (&c)[NT][4]) {
+  const uint32_t a0 = pair<T, 2 * S>(d_g, magic);       // row g,     slots 2q, 2q+1
+  const uint32_t a1 = pair<T, 2 * S>(d_g8, magic);      // row g + 8, slots 2q, 2q+1
+  const uint32_t a2 = pair<T, 2 * S + 1>(d_g, magic);   // row g,     slots 2q+8, 2q+9
+  const uint32_t a3 = pair<T, 2 * S + 1>(d_g8, magic);  // row g + 8, slots 2q+8, 2q+9
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    // x[16H + 2S] and x[16H + 2S + 8] are the low halves of xv[8H + S] and xv[8H + S + 4];
+    // x[16H + 2S + 1] and x[16H + 2S + 9] their high halves.
+    const uint32_t lo = xv[t][8 * H + S], hi = xv[t][8 * H + S + 4];
+    const uint32_t b0 = __byte_perm(lo, hi, 0x5410);  // slots 2q, 2q+1
+    const uint32_t b1 = __byte_perm(lo, hi, 0x7632);  // slots 2q+8, 2q+9
+    Mma<T>::mma(c[t], a0, a1, a2, a3, b0, b1);
+  }
+}
+
+// Word H (0 or 1) of a block: mma steps 4H..4H+3. w_g and w_g8 are that word of rows g
+// and g + 8.
+template <typename T, int NT, int H>
+__device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint32_t (&xv)[NT][16], uint32_t magic,
+                                         float (&c)[NT][4]) {
+  const uint32_t d_g = plus2(w_g), d_g8 = plus2(w_g8);
+  mma_step<T, NT, H, 0>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 1>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 2>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 3>(d_g, d_g8, xv, magic, c);
+}
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_kernel(
+    const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
+    const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+  __shared__ float red[kMaxWarps - 1][NT * 4][32];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  const int g = lane / 4, q = lane % 4;
+  const int n0 = blockIdx.x * 16;
+  const int row0 = n0 + g, row1 = n0 + g + 8;
+
+  const int blocks = K / 128;
+  const int per_warp = (blocks + warps - 1) / warps;
+  const int b_begin = min(warp * per_warp, blocks);
+  const int count = min(per_warp, blocks - b_begin);  // this warp's scale blocks
+
+  // Rows past N and tokens past M read row 0 / token 0 instead of branching: an mma keeps
+  // C's rows and columns apart, and those outputs are never written.
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  const uint8_t* pw0 = wp + static_cast<size_t>(row0 < N ? row0 : 0) * row_bytes + b_begin * 32 + 8 * q;
+  const uint8_t* pw1 = wp + static_cast<size_t>(row1 < N ? row1 : 0) * row_bytes + b_begin * 32 + 8 * q;
+  const __half* ps0 = ws + static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
+  const __half* ps1 = ws + static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
+  const T* px[NT];  // token t * 8 + g, this lane's B column
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int m = t * 8 + g;
+    px[t] = x + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * q;
+  }
+  const uint32_t magic = Mma<T>::kMagic;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
+
+  // kDepth blocks of weights and scales in flight; the pointers advance by kDepth blocks
+  // per outer step, so every offset below is an immediate.
+  uint2 wbuf[kDepth][2];
+  __half sbuf[kDepth][2];
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) {
+    if (u < count) {
+      wbuf[u][0] = load_stream8(pw0 + 32 * u);
+      wbuf[u][1] = load_stream8(pw1 + 32 * u);
+      sbuf[u][0] = ps0[u];
+      sbuf[u][1] = ps1[u];
+    }
+  }
+
+  for (int left = count; left > 0; left -= kDepth) {
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      if (u >= left) break;  // warp-uniform
+      const uint2 wa = wbuf[u][0], wb = wbuf[u][1];
+      const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
+      if (u + kDepth < left) {
+        wbuf[u][0] = load_stream8(pw0 + 32 * (u + kDepth));
+        wbuf[u][1] = load_stream8(pw1 + 32 * (u + kDepth));
+        sbuf[u][0] = ps0[u + kDepth];
+        sbuf[u][1] = ps1[u + kDepth];
+      }
+
+      uint32_t xv[NT][16];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, xv[t]);
+
+      float c[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
+      mma_word<T, NT, 0>(wa.x, wb.x, xv, magic, c);
+      mma_word<T, NT, 1>(wa.y, wb.y, xv, magic, c);
+      // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = fmaf(c[t][0], sa, acc[t][0]);
+        acc[t][1] = fmaf(c[t][1], sa, acc[t][1]);
+        acc[t][2] = fmaf(c[t][2], sb, acc[t][2]);
+        acc[t][3] = fmaf(c[t][3], sb, acc[t][3]);
+      }
+    }
+    pw0 += 32 * kDepth;
+    pw1 += 32 * kDepth;
+    ps0 += kDepth;
+    ps1 += kDepth;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) px[t] += 128 * kDepth;
+  }
+
+  if (warps > 1) {
+    if (warp > 0) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) red[warp - 1][t * 4 + r][lane] = acc[t][r];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    for (int w = 0; w < warps - 1; ++w)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[t][r] += red[w][t * 4 + r][lane];
+  }
+
+  // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = r < 2 ? row0 : row1;
+      const int m = t * 8 + 2 * q + (r & 1);
+      if (n < N && m < M) {
+        const float bv = bias != nullptr ? Mma<T>::to_float(bias[n]) : 0.f;
+        out[static_cast<size_t>(m) * N + n] = Mma<T>::from_float(acc[t][r] + bv);
+      }
+    }
+}
+
+// Warps per CTA: split K so that each warp gets at least two scale blocks (K = 4096 -> 8
+// warps of 4 blocks; K = 384 -> 1 warp).
+int warps_for(int blocks) {
+  int w = 1;
+  while (w < kMaxWarps && blocks / (2 * w) >= 2) w *= 2;
+  return w;
+}
+
+template <typename T>
+cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
+                     int K, cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const T* bt = static_cast<const T*>(bias);
+  T* ot = static_cast<T*>(out);
+  const dim3 grid((N + 15) / 16);
+  const dim3 block(32 * warps_for(K / 128));
+  if (M <= 8) {
+    ternary_mma_kernel<T, 1><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+  } else {
+    ternary_mma_kernel<T, 2><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// Largest M the kernel takes (two n8 tiles).
+int ternary_mma_max_m() { return 16; }
+
+// x: [M, K] row-major, dtype 0 = fp16, 1 = bf16; wp: uint8 [N, K/4]; ws: fp16 [N, K/128];
+// bias: [N] in x's dtype or nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a
+// multiple of 128, 1 <= M <= 16, N < 2^31 / 16.
+cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
+                               void* out, int M, int N, int K, cudaStream_t stream) {
+  if (M < 1 || M > ternary_mma_max_m() || N < 1 || K < 128 || K % 128 != 0) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case 0: return launch_t<__half>(x, wp, ws, bias, out, M, N, K, stream);
+    case 1: return launch_t<__nv_bfloat16>(x, wp, ws, bias, out, M, N, K, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace ternop

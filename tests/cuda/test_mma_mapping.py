@@ -1,0 +1,238 @@
+"""A NumPy replay of the tensor-core kernel's index mapping (ternop/cuda/csrc/ternary_mma.cu).
+
+No GPU is needed: each function below transliterates one piece of the kernel (same
+constants, same formulas), the mma.sync m16n8k16 fragment layouts are assembled as the PTX
+ISA defines them, and the result must equal x @ W.T. With integer-valued x and power-of-two
+scales every product and sum is exact in fp32, so any wrong k, row, token or decode shows up
+as an exact mismatch. The final rounding to x's dtype is not replayed (the result is
+compared before it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ternop.format import dequantize, pack_codes
+
+MAX_WARPS = 8
+DEPTH = 2
+MAGIC = {"fp16": 0x64006400, "bf16": 0x43004300}
+BIAS = {"fp16": 0x64026402, "bf16": 0x43024302}
+U32 = np.uint32
+
+
+def halves_to_float(r: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """uint32 registers -> (low half, high half) as float32 values of fp16 or bf16 bits."""
+    lo, hi = (r & 0xFFFF).astype(np.uint16), (r >> 16).astype(np.uint16)
+    if dtype == "fp16":
+        return lo.view(np.float16).astype(np.float32), hi.view(np.float16).astype(np.float32)
+    return ((lo.astype(U32) << 16).view(np.float32), (hi.astype(U32) << 16).view(np.float32))
+
+
+def float_to_bits(v: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values exactly representable in fp16/bf16 -> uint16 bits."""
+    if dtype == "fp16":
+        out = v.astype(np.float16)
+        assert np.array_equal(out.astype(np.float32), v)
+        return out.view(np.uint16)
+    bits = v.astype(np.float32).view(U32)
+    assert not np.any(bits & 0xFFFF), "value is not a bf16"
+    return (bits >> 16).astype(np.uint16)
+
+
+def sub2(a: np.ndarray, b: int, dtype: str) -> np.ndarray:
+    """HSUB2 on packed pairs; the operands here are exact, so rounding never happens."""
+    alo, ahi = halves_to_float(a, dtype)
+    blo, bhi = halves_to_float(np.full_like(a, b), dtype)
+    lo, hi = alo - blo, ahi - bhi
+    return float_to_bits(lo, dtype).astype(U32) | (float_to_bits(hi, dtype).astype(U32) << 16)
+
+
+def plus2(w: np.ndarray) -> np.ndarray:
+    w = w.astype(np.uint64)  # the kernel's uint32 arithmetic, wrapped below
+    return ((w & 0x55555555) + 0xAAAAAAAA - ((w >> 1) & 0x55555555)).astype(np.uint64).__and__(0xFFFFFFFF).astype(U32)
+
+
+def pair(d: np.ndarray, j: int, dtype: str) -> np.ndarray:
+    r = ((d >> U32(2 * j)) & U32(0x00030003)) | U32(MAGIC[dtype])  # lop3 0xEA: (a & b) | c
+    return sub2(r, BIAS[dtype], dtype)
+
+
+def byte_perm(x: np.ndarray, y: np.ndarray, s: int) -> np.ndarray:
+    """CUDA __byte_perm: result byte n is byte ((s >> 4n) & 7) of the 8-byte {y, x}."""
+    both = x.astype(np.uint64) | (y.astype(np.uint64) << 32)
+    out = np.zeros_like(x, dtype=U32)
+    for n in range(4):
+        sel = (s >> (4 * n)) & 7
+        out |= (((both >> np.uint64(8 * sel)) & np.uint64(0xFF)).astype(U32)) << U32(8 * n)
+    return out
+
+
+def warps_for(blocks: int) -> int:
+    w = 1
+    while w < MAX_WARPS and blocks // (2 * w) >= 2:
+        w *= 2
+    return w
+
+
+def mma(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], dtype: str) -> np.ndarray:
+    """mma.sync.m16n8k16.row.col: a[4], b[2] are [32] lane registers, c [32, 4] fp32.
+
+    Fragment layouts (PTX ISA): lane = 4 * groupID + tq.
+      A reg i holds (row groupID + 8 * (i % 2), cols 2tq + 8 * (i // 2) + {0, 1}).
+      B reg i holds (rows 2tq + 8 * i + {0, 1}, col groupID).
+      C element i is (row groupID + 8 * (i // 2), col 2tq + i % 2).
+    """
+    A = np.zeros((16, 16), np.float32)
+    B = np.zeros((16, 8), np.float32)
+    for lane in range(32):
+        gid, tq = divmod(lane, 4)
+        for i in range(4):
+            lo, hi = halves_to_float(a[i][lane : lane + 1], dtype)
+            row, col = gid + 8 * (i % 2), 2 * tq + 8 * (i // 2)
+            A[row, col], A[row, col + 1] = lo[0], hi[0]
+        for i in range(2):
+            lo, hi = halves_to_float(b[i][lane : lane + 1], dtype)
+            B[2 * tq + 8 * i, gid], B[2 * tq + 8 * i + 1, gid] = lo[0], hi[0]
+    D = A.astype(np.float64) @ B.astype(np.float64)  # exact for these inputs
+    out = c.copy()
+    for lane in range(32):
+        gid, tq = divmod(lane, 4)
+        for i in range(4):
+            out[lane, i] += np.float32(D[gid + 8 * (i // 2), 2 * tq + i % 2])
+    return out
+
+
+def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype):
+    """One scale block of one warp: 8 mma steps into C per n8 tile, then acc += C * scale."""
+    lanes = np.arange(32)
+    sa = ws[r0, blk].astype(np.float32)
+    sb = ws[r1, blk].astype(np.float32)
+    xv = []
+    for t in range(NT):
+        m = t * 8 + g
+        tok = np.where(m < M, m, 0)
+        # load_x: 16 registers from element blk * 128 + 32q, i.e. word (blk * 128 + 32q) / 2
+        xv.append(np.stack([x_words[tok[lane], (blk * 128 + 32 * q[lane]) // 2 :][:16] for lane in lanes]))
+    c = np.zeros((NT, 32, 4), np.float32)
+    for h in range(2):
+        d_g, d_g8 = plus2(wa[:, h]), plus2(wb[:, h])
+        for s in range(4):
+            a = [pair(d_g, 2 * s, dtype), pair(d_g8, 2 * s, dtype),
+                 pair(d_g, 2 * s + 1, dtype), pair(d_g8, 2 * s + 1, dtype)]
+            for t in range(NT):
+                lo, hi = xv[t][:, 8 * h + s], xv[t][:, 8 * h + s + 4]
+                b = [byte_perm(lo, hi, 0x5410), byte_perm(lo, hi, 0x7632)]
+                c[t] = mma(c[t], a, b, dtype)
+    for t in range(NT):
+        acc[t][:, 0] = c[t][:, 0] * sa + acc[t][:, 0]
+        acc[t][:, 1] = c[t][:, 1] * sa + acc[t][:, 1]
+        acc[t][:, 2] = c[t][:, 2] * sb + acc[t][:, 2]
+        acc[t][:, 3] = c[t][:, 3] * sb + acc[t][:, 3]
+    return acc
+
+
+def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray | None, dtype: str) -> np.ndarray:
+    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4], ws fp16 [N, K/128]."""
+    M, K = x_bits.shape
+    N = wp.shape[0]
+    NT = 1 if M <= 8 else 2
+    blocks = K // 128
+    warps = warps_for(blocks)
+    per_warp = (blocks + warps - 1) // warps
+    x_words = np.ascontiguousarray(x_bits).view(U32)  # [M, K/2]: little-endian pairs of halves
+    w_bytes = np.ascontiguousarray(wp)
+    out = np.full((M, N), np.nan, np.float32)
+    lanes = np.arange(32)
+    g, q = lanes // 4, lanes % 4
+    for cta in range((N + 15) // 16):
+        n0 = cta * 16
+        row0, row1 = n0 + g, n0 + g + 8
+        r0, r1 = np.where(row0 < N, row0, 0), np.where(row1 < N, row1, 0)
+        accs = []
+        for warp in range(warps):
+            b_begin = min(warp * per_warp, blocks)
+            count = min(per_warp, blocks - b_begin)
+            acc = np.zeros((NT, 32, 4), np.float32)
+
+            def words(r, blk):  # load_stream8 at byte blk * 32 + 8q of each row: two words
+                raw = np.stack([w_bytes[r[i], blk * 32 + 8 * q[i] : blk * 32 + 8 * q[i] + 8] for i in lanes])
+                return raw.view(U32)  # [32, 2]
+
+            # The kernel's ring of DEPTH prefetched blocks; `base` is where its pointers stand.
+            ring = [(words(r0, b_begin + u), words(r1, b_begin + u), b_begin + u) for u in range(min(DEPTH, count))]
+            base, left = b_begin, count
+            while left > 0:
+                for u in range(DEPTH):
+                    if u >= left:
+                        break
+                    wa, wb, blk = ring[u]
+                    assert blk == base + u
+                    if u + DEPTH < left:
+                        ring[u] = (words(r0, base + u + DEPTH), words(r1, base + u + DEPTH), base + u + DEPTH)
+                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype)
+                base += DEPTH
+                left -= DEPTH
+            accs.append(acc)
+        total = accs[0].copy()
+        for acc in accs[1:]:  # warp 0 adds warps 1..W-1 in order
+            total += acc
+        for t in range(NT):
+            for r in range(4):
+                n = np.where(r < 2, row0, row1)
+                m = t * 8 + 2 * q + (r & 1)
+                for lane in lanes:
+                    if n[lane] < N and m[lane] < M:
+                        bv = 0.0 if bias is None else bias[n[lane]]
+                        out[m[lane], n[lane]] = total[t][lane, r] + bv
+    return out
+
+
+def _inputs(m, k, n, dtype, seed, reserved=True):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 4 if reserved else 3, (n, k), generator=g).to(torch.uint8)
+    packed = pack_codes(codes)
+    scale = (2.0 ** torch.randint(-3, 2, (n, k // 128), generator=g)).to(torch.float16)
+    x = torch.randint(-8, 9, (m, k), generator=g).to(torch.float32)
+    bias = torch.randint(-4, 5, (n,), generator=g).to(torch.float32)
+    return x, packed, scale, bias
+
+
+def test_decode_pairs_every_code_and_shift():
+    rng = np.random.default_rng(0)
+    words = rng.integers(0, 1 << 32, size=512, dtype=np.uint64).astype(U32)
+    words[:4] = [0xFFFFFFFF, 0x0, 0x55555555, 0xAAAAAAAA]  # all reserved, all 0, all +1, all -1
+    codes = (words[:, None] >> (2 * np.arange(16, dtype=U32))) & 3
+    value = (codes & 1).astype(np.int64) - (codes >> 1).astype(np.int64)
+    for dtype in ("fp16", "bf16"):
+        d = plus2(words)
+        for j in range(8):
+            lo, hi = halves_to_float(pair(d, j, dtype), dtype)
+            assert np.array_equal(lo, value[:, j]) and np.array_equal(hi, value[:, j + 8]), (dtype, j)
+
+
+def test_byte_perm_selects_low_and_high_halves():
+    lo, hi = np.array([0x22221111], U32), np.array([0x44443333], U32)
+    assert byte_perm(lo, hi, 0x5410)[0] == 0x33331111
+    assert byte_perm(lo, hi, 0x7632)[0] == 0x44442222
+
+
+def test_warps_split_k():
+    assert [warps_for(b) for b in (1, 3, 4, 8, 16, 32, 112)] == [1, 1, 2, 4, 8, 8, 8]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "m,k,n",
+    # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8
+    # warps, the last two with none; N not a multiple of 16.
+    [(1, 128, 16), (3, 384, 20), (8, 512, 16), (9, 256, 24), (16, 1024, 16), (2, 2176, 8), (12, 640, 33)],
+)
+def test_kernel_mapping_equals_x_wt(dtype, m, k, n):
+    x, packed, scale, bias = _inputs(m, k, n, dtype, seed=m * 1000 + k + n)
+    x_bits = float_to_bits(x.numpy(), dtype)
+    y = kernel(x_bits, packed.numpy(), scale.numpy(), bias.numpy(), dtype)
+    ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
+    assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]
