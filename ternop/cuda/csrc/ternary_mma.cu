@@ -46,7 +46,7 @@ constexpr int kMaxWarps = 8;
 // later blocks live too (106-128 registers at depth 4).
 constexpr int kDepth = 2;
 // CTAs per SM that ptxas must fit: 64 registers for one n8 tile, 128 for two (measured
-// with -Xptxas -v: 64 and 88, no spills).
+// with -Xptxas -v: 64 and 106, no spills).
 template <int NT>
 constexpr int min_ctas() { return NT == 1 ? 4 : 2; }
 
