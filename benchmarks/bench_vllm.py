@@ -113,11 +113,13 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
     if not weights:
         return dst
     dtype = getattr(torch, dtype_name)
-    g = torch.Generator().manual_seed(0)
+    # Random numbers for an 8B-shaped model take minutes on CPU cores; draw them on the GPU when there is one.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
     h, hd = shape["hidden"], shape["head_dim"]
 
     def rand(*s):
-        return (torch.randn(*s, generator=g) * 0.02).to(dtype)
+        return (torch.randn(*s, generator=g, device=dev) * 0.02).to(dtype).cpu()
 
     tensors = {"model.embed_tokens.weight": rand(shape["vocab"], h), "model.norm.weight": torch.ones(h, dtype=dtype)}
     if not shape["tie"]:
@@ -149,10 +151,11 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
         add(name, t)
     for prefix, (n_out, k_in) in linears.items():
         if ternary:
-            codes = torch.randint(0, 3, (n_out, k_in), generator=g, dtype=torch.uint8)
+            codes = torch.randint(0, 3, (n_out, k_in), generator=g, dtype=torch.uint8, device=dev)
             packed = codes[:, 0::4] | codes[:, 1::4] << 2 | codes[:, 2::4] << 4 | codes[:, 3::4] << 6
-            add(prefix + ".weight_packed", packed.contiguous())
-            add(prefix + ".weight_scale", (torch.rand(n_out, k_in // 128, generator=g) * 0.02 + 0.01).half())
+            add(prefix + ".weight_packed", packed.contiguous().cpu())
+            scale = torch.rand(n_out, k_in // 128, generator=g, device=dev) * 0.02 + 0.01
+            add(prefix + ".weight_scale", scale.half().cpu())
         else:
             add(prefix + ".weight", rand(n_out, k_in))
     flush()
@@ -296,7 +299,7 @@ def worker_decode(args) -> dict:
     run(1, 4)  # warm-up
     for batch in DECODE_BATCHES:
         full = statistics.median(run(batch, steps) for _ in range(3))
-        first = statistics.median(run(batch, 1) for _ in range(3))
+        first = statistics.median(run(batch, 1) for _ in range(5))
         result["decode"][f"batch_{batch}"] = {
             "seconds_total": full,
             "ms_per_step": (full - first) / (steps - 1) * 1e3,
