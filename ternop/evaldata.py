@@ -213,7 +213,7 @@ def eval_sentences() -> list[str]:
 # --------------------------------------------------------------------------- training text
 
 
-def _chunks(text: str, max_words: int = 96) -> list[str]:
+def _chunks(text: str, max_words: int = 160) -> list[str]:
     """Splits prose into sentence-aligned chunks of at most ~max_words words (at least 6)."""
     sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text)
     out, cur, n = [], [], 0
