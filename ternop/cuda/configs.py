@@ -104,18 +104,21 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 64, "default": 256}}
 
-_ARCH_CACHE: dict[int, str] = {}
+_CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of the device. Cached per device index (no per-call driver query)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY_CACHE:
+        _CAPABILITY_CACHE[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY_CACHE[index]
 
 
 def arch_key(device: torch.device) -> str:
-    """'sm90' for Hopper, else 'default'. Cached per device index (no per-call driver query)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = _ARCH_CACHE.get(index)
-    if key is None:
-        major, minor = torch.cuda.get_device_capability(index)
-        key = f"sm{major}{minor}" if f"sm{major}{minor}" in TABLES else "default"
-        _ARCH_CACHE[index] = key
-    return key
+    """'sm90' for Hopper, else 'default'."""
+    major, minor = device_capability(device)
+    return f"sm{major}{minor}" if f"sm{major}{minor}" in TABLES else "default"
 
 
 def min_m(backend: str, device: torch.device) -> int:

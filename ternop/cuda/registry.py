@@ -26,7 +26,6 @@ CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
 CUDA_MMA_MIN_CAPABILITY = (8, 0)
 
-_capability: dict[int, tuple[int, int]] = {}
 
 
 def _forced(name: str) -> bool:
@@ -107,6 +106,11 @@ def _can_cuda_gemv(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
     config, why = configs.lookup("cuda_gemv", x2.shape[0], x2.device, _forced("cuda_gemv"))
     if config is None:
         return False, why
+    return _cuda_ext_ready(x2, weight_packed)
+
+
+def _cuda_ext_ready(x2, weight_packed) -> tuple[bool, str]:
+    """Checks shared by the C++ kernels: common layout, 16-byte alignment, extension built."""
     why = _common(x2, weight_packed)
     if why:
         return False, why
@@ -123,13 +127,6 @@ def _run_cuda_gemv(x2, weight_packed, weight_scale, bias):
     return torch.ops.ternop.linear_cuda(x2, weight_packed, weight_scale, bias)
 
 
-def _device_capability(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _capability:
-        _capability[index] = torch.cuda.get_device_capability(index)
-    return _capability[index]
-
-
 def _can_cuda_mma(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
     if x2.dtype not in (torch.float16, torch.bfloat16):
         return False, f"x dtype {x2.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
@@ -138,19 +135,10 @@ def _can_cuda_mma(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
     config, why = configs.lookup("cuda_mma", x2.shape[0], x2.device, _forced("cuda_mma"))
     if config is None:
         return False, why
-    why = _common(x2, weight_packed)
-    if why:
-        return False, why
-    # 16-byte loads of x, 8-byte loads of weight_packed (checked at 16 like cuda_gemv).
-    if weight_packed.data_ptr() % 16 or x2.data_ptr() % 16:
-        return False, "x and weight_packed must be 16-byte aligned"
-    capability = _device_capability(x2.device)
+    capability = configs.device_capability(x2.device)
     if capability < CUDA_MMA_MIN_CAPABILITY:
         return False, f"mma.sync m16n8k16 needs sm_80 or newer, this GPU is sm_{capability[0]}{capability[1]}"
-    from ternop.cuda import cuda_ext
-
-    ok, why = cuda_ext.load()
-    return ok, why if ok else f"extension not built: {why}"
+    return _cuda_ext_ready(x2, weight_packed)
 
 
 def _run_cuda_mma(x2, weight_packed, weight_scale, bias):

@@ -13,7 +13,7 @@ DEV = torch.device("cuda", 0)  # a device object only; CUDA is never initialised
 
 @pytest.fixture
 def sm90(monkeypatch):
-    monkeypatch.setitem(configs._ARCH_CACHE, 0, "sm90")
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (9, 0))
 
 
 def test_configs_buckets_cover_every_m(sm90):
