@@ -7,7 +7,7 @@ through transformers with ``TernaryLinear`` layers (the ternop op on the CPU ref
 ``--vllm`` also scores the calibrated and distilled checkpoints through vLLM.
 
     python benchmarks/quality_minilm.py                      # runs everything (distill ~20 min on 2 cores)
-    python benchmarks/quality_minilm.py --distilled DIR      # reuse a finished `ternop distill` output
+    python benchmarks/quality_minilm.py --reuse distilled=DIR@SECONDS   # score a finished `ternop distill` output
 
 Writes benchmarks/results/quality_minilm.json and .md.
 """
@@ -105,7 +105,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['name']} | {r['lee50_spearman']:.3f} | {r['wiki_r1']:.3f} | {r['wiki_r10']:.3f} "
             f"| {r['wiki_mrr']:.3f} | {r['cos_mean']:.3f} / {r['cos_min']:.3f} "
-            f"| {r['encoder_linear_bytes'] / 1e6:.2f} MB | {'-' if t is None else f'{t:.0f} s'} |"
+            f"| {r['encoder_linear_bytes'] / 1e6:.2f} MB | {'-' if t is None else f'{t:.1f} s' if t < 10 else f'{t:.0f} s'} |"
         )
     return "\n".join(lines)
 
@@ -114,14 +114,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default=None, help="folder for the checkpoints (default: a temporary one)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--distilled", default=None, help="reuse this `ternop distill` output instead of distilling")
-    p.add_argument("--distill-seconds", type=float, default=None, help="wall time of that distill run")
+    p.add_argument("--reuse", nargs="+", default=[], metavar="METHOD=DIR[@SECONDS]",
+                   help="score an existing checkpoint for METHOD (e.g. a finished `ternop distill` run) instead of building it")
+    p.add_argument("--distill-command", default=None, help="how the reused distilled checkpoint was made (recorded)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--lr-scale", type=float, default=2e-4)
+    p.add_argument("--extra", nargs="+", default=[], metavar="NAME=DIR[@SECONDS]",
+                   help="more checkpoints to score, e.g. a GPU distillation or a mixed-precision one")
     p.add_argument("--vllm", action="store_true", help="also score calibrated/distilled through vLLM")
     p.add_argument("--out", default=str(HERE / "results" / "quality_minilm.json"))
+    p.add_argument("--merge", action="store_true", help="keep the rows of an existing --out that this run does not redo")
     args = p.parse_args()
 
     from ternop import evaldata
@@ -133,22 +137,47 @@ def main() -> int:
     queries, docs = evaldata.wiki_retrieval()
     texts = lee_docs + queries + docs
 
+    reuse = {}
+    for spec in args.reuse:
+        method, _, rest = spec.partition("=")
+        path, _, seconds = rest.partition("@")
+        reuse[method] = (path, float(seconds) if seconds else None)
+    # vLLM's CPU backend otherwise reserves most of the machine's memory for its KV cache.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     rows = []
     fp, ref = score(base, texts, None)
     rows.append({"name": "fp32", **fp, **checkpoint_bytes(base), "method_seconds": None})
     print(markdown(rows), flush=True)
     for method in args.methods:
-        if method == "distilled" and args.distilled:
-            dst, seconds = args.distilled, args.distill_seconds
+        if method in reuse:
+            dst, seconds = reuse[method]
         else:
             dst = str(work / method)
             seconds = build(method, base, dst, work, args)
         row, _ = score(dst, texts, ref)
         rows.append({"name": method, **row, **checkpoint_bytes(dst), "method_seconds": seconds, "path": dst})
         if args.vllm and method in ("calibrated", "distilled"):
-            vrow, _ = score(dst, texts, ref, backend="vllm")
-            rows.append({"name": f"{method} (vLLM)", **vrow, **checkpoint_bytes(dst), "method_seconds": None})
+            try:
+                vrow, _ = score(dst, texts, ref, backend="vllm")
+                rows.append({"name": f"{method} (vLLM)", **vrow, **checkpoint_bytes(dst), "method_seconds": None})
+            except RuntimeError as e:  # a busy machine can refuse vLLM's memory reservation
+                print(f"vLLM scoring of {method} failed: {str(e)[-300:]}", file=sys.stderr)
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+
+    for spec in args.extra:
+        name, _, rest = spec.partition("=")
+        path, _, seconds = rest.partition("@")
+        row, _ = score(path, texts, ref)
+        rows.append({"name": name, **row, **checkpoint_bytes(path), "method_seconds": float(seconds) if seconds else None,
+                     "path": path})  # fmt: skip
+        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+
+    if args.merge and Path(args.out).exists():
+        old = json.loads(Path(args.out).read_text())["rows"]
+        names = {r["name"] for r in rows}
+        rows = rows[:1] + [r for r in old if r["name"] not in names] + rows[1:]
+        order = {m: i for i, m in enumerate(("fp32", *METHODS))}
+        rows.sort(key=lambda r: order.get(r["name"], len(order)))
 
     table = markdown(rows)
     result = {
@@ -156,7 +185,8 @@ def main() -> int:
         "eval": {"lee50_pairs": 1225, "wiki_queries": len(queries), "texts": len(texts)},
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},  # fmt: skip
-        "distill": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "lr_scale": args.lr_scale},
+        "distill": args.distill_command or {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                                             "lr_scale": args.lr_scale},
         "rows": rows,
         "table_markdown": table,
     }

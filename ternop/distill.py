@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
         opt.step()
         sched.step()
         step += 1
-        stats["loss"] = float(loss)
+        stats["loss"] = float(loss.detach())
         bar.update(1)
         bar.set_postfix({k: f"{v:.4f}" for k, v in stats.items()}, refresh=False)
         if step % args.save_every == 0 or step == stop_at:
