@@ -90,6 +90,7 @@ def build(method: str, base: str, dst: str, work: Path, args) -> float:
         from ternop.cli import main
 
         argv = ["distill", base, dst, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+                "--seq-len", str(args.seq_len),
                 "--lr", str(args.lr), "--lr-scale", str(args.lr_scale), "--quiet"]  # fmt: skip
         if main(argv) != 0:
             raise RuntimeError("ternop distill failed")
@@ -117,10 +118,12 @@ def main() -> int:
     p.add_argument("--reuse", nargs="+", default=[], metavar="METHOD=DIR[@SECONDS]",
                    help="score an existing checkpoint for METHOD (e.g. a finished `ternop distill` run) instead of building it")
     p.add_argument("--distill-command", default=None, help="how the reused distilled checkpoint was made (recorded)")
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--lr-scale", type=float, default=2e-4)
+    # The configuration of the committed CPU row (about 20 minutes on 2 cores).
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=192)
+    p.add_argument("--lr", type=float, default=1.5e-4)
+    p.add_argument("--lr-scale", type=float, default=2e-5)
     p.add_argument("--extra", nargs="+", default=[], metavar="NAME=DIR[@SECONDS]",
                    help="more checkpoints to score, e.g. a GPU distillation or a mixed-precision one")
     p.add_argument("--vllm", action="store_true", help="also score calibrated/distilled through vLLM")
@@ -185,8 +188,8 @@ def main() -> int:
         "eval": {"lee50_pairs": 1225, "wiki_queries": len(queries), "texts": len(texts)},
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},  # fmt: skip
-        "distill": args.distill_command or {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-                                             "lr_scale": args.lr_scale},
+        "distill": args.distill_command or {"steps": args.steps, "batch_size": args.batch_size,
+                                             "seq_len": args.seq_len, "lr": args.lr, "lr_scale": args.lr_scale},
         "rows": rows,
         "table_markdown": table,
     }
