@@ -158,7 +158,7 @@ def main() -> int:
             dst = str(work / method)
             seconds = build(method, base, dst, work, args)
         row, _ = score(dst, texts, ref)
-        rows.append({"name": method, **row, **checkpoint_bytes(dst), "method_seconds": seconds, "path": dst})
+        rows.append({"name": method, **row, **checkpoint_bytes(dst), "method_seconds": seconds})
         if args.vllm and method in ("calibrated", "distilled"):
             try:
                 vrow, _ = score(dst, texts, ref, backend="vllm")
@@ -171,8 +171,7 @@ def main() -> int:
         name, _, rest = spec.partition("=")
         path, _, seconds = rest.partition("@")
         row, _ = score(path, texts, ref)
-        rows.append({"name": name, **row, **checkpoint_bytes(path), "method_seconds": float(seconds) if seconds else None,
-                     "path": path})  # fmt: skip
+        rows.append({"name": name, **row, **checkpoint_bytes(path), "method_seconds": float(seconds) if seconds else None})  # fmt: skip
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
 
     if args.merge and Path(args.out).exists():
