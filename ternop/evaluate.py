@@ -151,7 +151,9 @@ def embed_vllm(model_dir, texts, dtype: str, eager: bool, log_path) -> tuple[tor
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.pt"
         job.write_text(json.dumps({"model": str(model_dir), "texts": list(texts), "dtype": dtype, "eager": eager}))
-        env = dict(os.environ)
+        from ternop.serve import with_cpu_defaults
+
+        env = with_cpu_defaults(dict(os.environ))
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process: faster start, model reachable
         with open(log_path, "ab") as log:
             rc = subprocess.call([sys.executable, "-m", "ternop.evaluate", str(job), str(out)], env=env,

