@@ -54,6 +54,31 @@ def tiny_bert(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, hea
     return dst
 
 
+def tiny_bert_wide(dst: str | os.PathLike, *, seed: int) -> Path:
+    """tiny_bert with encoder weights ~N(0, 0.08): large enough that ternary rounding error shows."""
+    from transformers import BertModel
+
+    path = tiny_bert(dst)
+    model = BertModel.from_pretrained(str(path))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and name.startswith("encoder."):
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def word_salad(n_lines: int, words_per_line: int, *, seed: int) -> list[str]:
+    """Lines of random words from PROMPTS (all known to the tiny tokenizer): training text for tests."""
+    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
+    g = torch.Generator().manual_seed(seed)
+    return [
+        " ".join(words[i] for i in torch.randint(len(words), (words_per_line,), generator=g).tolist())
+        for _ in range(n_lines)
+    ]
+
+
 def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, heads: int = 8, kv_heads: int = 4,
                head_dim: int = 32, intermediate: int = 512, seed: int = 0) -> Path:  # fmt: skip
     """A random Qwen3Model (GQA 8/4 heads, head size 32) saved with save_pretrained (fp32 safetensors).

@@ -81,27 +81,15 @@ def test_ternarize_layer_rejects_bad_h():
 @pytest.fixture(scope="module")
 def tiny_fp(tmp_path_factory):
     """A tiny random BERT whose encoder weights are large enough for ternary error to show."""
-    from transformers import BertModel
+    from tests.models import tiny_bert_wide
 
-    from tests.models import tiny_bert
-
-    path = tiny_bert(tmp_path_factory.mktemp("cal") / "fp")
-    model = BertModel.from_pretrained(str(path))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and name.startswith("encoder."):
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(str(path), safe_serialization=True)
-    return path
+    return tiny_bert_wide(tmp_path_factory.mktemp("cal") / "fp", seed=1)
 
 
 def _texts():
-    from tests.models import PROMPTS
+    from tests.models import word_salad
 
-    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
-    g = torch.Generator().manual_seed(0)
-    return [" ".join(words[i] for i in torch.randint(len(words), (12,), generator=g).tolist()) for _ in range(48)]
+    return word_salad(48, 12, seed=0)
 
 
 def test_calibrate_model_closer_to_fp_than_rounding(tiny_fp):

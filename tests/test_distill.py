@@ -36,30 +36,17 @@ def test_qat_linear_rejects_bad_scale_shape():
 
 @pytest.fixture(scope="module")
 def tiny_fp(tmp_path_factory):
-    from transformers import BertModel
+    from tests.models import tiny_bert_wide
 
-    from tests.models import tiny_bert
-
-    path = tiny_bert(tmp_path_factory.mktemp("distill") / "fp")
-    model = BertModel.from_pretrained(str(path))
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and name.startswith("encoder."):
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(str(path), safe_serialization=True)
-    return path
+    return tiny_bert_wide(tmp_path_factory.mktemp("distill") / "fp", seed=2)
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
-    from tests.models import PROMPTS
+    from tests.models import word_salad
 
-    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
-    g = torch.Generator().manual_seed(0)
-    lines = [" ".join(words[i] for i in torch.randint(len(words), (10,), generator=g).tolist()) for _ in range(40)]
     path = tmp_path_factory.mktemp("data") / "train.txt"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(word_salad(40, 10, seed=0)) + "\n")
     return path
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -13,30 +12,17 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def tiny_fp(tmp_path_factory):
-    from transformers import BertModel
+    from tests.models import tiny_bert_wide
 
-    from tests.models import tiny_bert
-
-    path = tiny_bert(tmp_path_factory.mktemp("quality") / "fp")
-    model = BertModel.from_pretrained(str(path))
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and name.startswith("encoder."):
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(str(path), safe_serialization=True)
-    return path
+    return tiny_bert_wide(tmp_path_factory.mktemp("quality") / "fp", seed=3)
 
 
 @pytest.fixture(scope="module")
 def train_file(tmp_path_factory):
-    from tests.models import PROMPTS
+    from tests.models import word_salad
 
-    words = " ".join(PROMPTS).lower().replace(",", "").replace(".", "").split()
-    g = torch.Generator().manual_seed(1)
-    lines = [" ".join(words[i] for i in torch.randint(len(words), (10,), generator=g).tolist()) for _ in range(32)]
     path = tmp_path_factory.mktemp("text") / "train.txt"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(word_salad(32, 10, seed=1)) + "\n")
     return path
 
 
