@@ -321,7 +321,10 @@ def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
     cmd += ["--dummy"] if dummy else []
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, timeout=args.worker_timeout)
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=args.worker_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"worker timed out after {args.worker_timeout} s", "wall_s": time.perf_counter() - t0}
     if proc.returncode != 0:
         return {"error": f"worker exited {proc.returncode}", "wall_s": time.perf_counter() - t0}
     out = json.loads((model / f"result_{kind}.json").read_text())
@@ -381,8 +384,11 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "ternop.cli", "quantize", str(dense), str(tern), "--method", "absmean", "--force"],
                        check=True)  # fmt: skip
         report["embed_prepare_s"] = time.perf_counter() - t0
-        res = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
-               "bf16": _run_worker("embed", dense, args), "ternary": _run_worker("embed", tern, args)}  # fmt: skip
+        res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape)}
+        # Saved after each worker, so a run cut off by a time limit keeps what it measured.
+        for name, folder in (("bf16", dense), ("ternary", tern)):
+            res[name] = _run_worker("embed", folder, args)
+            _save(report, args.out)
         res["ratios"] = {
             **{
                 f"throughput_{w}": _ratio(res["ternary"].get("throughput", {}).get(w, {}).get("tokens_per_s"),
@@ -397,15 +403,15 @@ def main() -> None:
             "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
                                            res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
         }
-        report["embed"] = res
         _save(report, args.out)
     if args.only in (None, "decode"):
         shape = TINY_SHAPE if args.tiny else DECODE_SHAPE
         dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=args.dtype)
         tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=args.dtype)
-        res = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
-               "bf16": _run_worker("decode", dense, args, dummy=True),
-               "ternary": _run_worker("decode", tern, args)}  # fmt: skip
+        res = report["decode"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape)}
+        for name, folder, dummy in (("bf16", dense, True), ("ternary", tern, False)):
+            res[name] = _run_worker("decode", folder, args, dummy=dummy)
+            _save(report, args.out)
         res["ratios"] = {
             **{
                 f"speedup_per_step_{b}": _ratio(res["bf16"].get("decode", {}).get(b, {}).get("ms_per_step"),
@@ -415,7 +421,6 @@ def main() -> None:
             "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
                                            res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
         }
-        report["decode"] = res
         _save(report, args.out)
     _print_table(report)
 
