@@ -336,6 +336,15 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+def _ratios(res: dict, section: str, field: str, prefix: str, num: str = "ternary", den: str = "bf16") -> dict:
+    """{prefix + key: res[num][section][key][field] / res[den][section][key][field]} for each key bf16 measured."""
+    return {
+        prefix + key: _ratio(res[num].get(section, {}).get(key, {}).get(field),
+                             res[den].get(section, {}).get(key, {}).get(field))  # fmt: skip
+        for key in res["bf16"].get(section, {})
+    }
+
+
 def _file_linear_bytes(shape: dict, dtype_bytes: int = 2) -> dict:
     """Linear-layer weight bytes implied by the shapes: dense at dtype_bytes, and format v1."""
     from ternop.format import packed_bytes
@@ -390,16 +399,8 @@ def main() -> None:
             res[name] = _run_worker("embed", folder, args)
             _save(report, args.out)
         res["ratios"] = {
-            **{
-                f"throughput_{w}": _ratio(res["ternary"].get("throughput", {}).get(w, {}).get("tokens_per_s"),
-                                          res["bf16"].get("throughput", {}).get(w, {}).get("tokens_per_s"))  # fmt: skip
-                for w in res["bf16"].get("throughput", {})
-            },
-            **{
-                f"latency_p50_{q}": _ratio(res["ternary"].get("latency", {}).get(q, {}).get("p50_ms"),
-                                           res["bf16"].get("latency", {}).get(q, {}).get("p50_ms"))  # fmt: skip
-                for q in res["bf16"].get("latency", {})
-            },
+            **_ratios(res, "throughput", "tokens_per_s", "throughput_"),
+            **_ratios(res, "latency", "p50_ms", "latency_p50_"),
             "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
                                            res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
         }
@@ -413,11 +414,8 @@ def main() -> None:
             res[name] = _run_worker("decode", folder, args, dummy=dummy)
             _save(report, args.out)
         res["ratios"] = {
-            **{
-                f"speedup_per_step_{b}": _ratio(res["bf16"].get("decode", {}).get(b, {}).get("ms_per_step"),
-                                                res["ternary"].get("decode", {}).get(b, {}).get("ms_per_step"))  # fmt: skip
-                for b in res["bf16"].get("decode", {})
-            },
+            # A speed-up: bf16 time over ternary time.
+            **_ratios(res, "decode", "ms_per_step", "speedup_per_step_", num="bf16", den="ternary"),
             "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
                                            res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
         }
