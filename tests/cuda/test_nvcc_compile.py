@@ -29,3 +29,17 @@ def test_nvcc_compiles_kernel_for_sm90(tmp_path, name):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
     assert obj.stat().st_size > 0
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_mma_kernel_fits_its_register_budget(tmp_path):
+    """Full ptxas optimisation: every instance of the tensor-core kernel fits the registers its
+    __launch_bounds__ allow without spilling (a spill would put local-memory traffic in the loop)."""
+    source = CSRC / "ternary_mma.cu"
+    cmd = [NVCC, "-c", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90,code=sm_90",
+           str(source), "-o", str(tmp_path / "mma.o")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
+    spills = [line.strip() for line in proc.stderr.splitlines() if "spill" in line]
+    assert len(spills) == 4, proc.stderr  # fp16/bf16 x one or two n8 tiles
+    assert all(line.startswith("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") for line in spills), spills
