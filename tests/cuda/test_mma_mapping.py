@@ -17,7 +17,7 @@ import torch
 from ternop.format import dequantize, pack_codes
 
 MAX_WARPS = 8
-STAGES = 8
+DEPTH = 2
 MAGIC = {"fp16": 0x64006400, "bf16": 0x43004300}
 BIAS = {"fp16": 0x64026402, "bf16": 0x43024302}
 U32 = np.uint32
@@ -70,13 +70,10 @@ def byte_perm(x: np.ndarray, y: np.ndarray, s: int) -> np.ndarray:
     return out
 
 
-def warps_for(blocks: int, tiles: int, resident_ctas) -> int:
-    """The kernel's choice; ``resident_ctas(threads)`` stands for the GPU's occupancy query."""
+def warps_for(blocks: int) -> int:
     w = 1
     while w < MAX_WARPS and blocks // (2 * w) >= 2:
         w *= 2
-    while w > 1 and tiles > resident_ctas(32 * w):
-        w //= 2
     return w
 
 
@@ -108,16 +105,17 @@ def mma(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], dtype: str) -> 
     return out
 
 
-def _block(acc, wa, wb, sa, sb, blk, x_words, g, q, M, NT, dtype):
+def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype):
     """One scale block of one warp: 8 mma steps into C per n8 tile, then acc += C * scale."""
     lanes = np.arange(32)
+    sa = ws[r0, blk].astype(np.float32)
+    sb = ws[r1, blk].astype(np.float32)
     xv = []
     for t in range(NT):
         m = t * 8 + g
-        # load_x_word: element blk * 128 + 32q + 16h, i.e. word (blk * 128 + 32q) / 2 + 8h; a
-        # token past M keeps zeros.
-        xv.append(np.stack([x_words[m[lane], (blk * 128 + 32 * q[lane]) // 2 :][:16] if m[lane] < M
-                            else np.zeros(16, U32) for lane in lanes]))  # fmt: skip
+        tok = np.where(m < M, m, 0)
+        # load_x: 16 registers from element blk * 128 + 32q, i.e. word (blk * 128 + 32q) / 2
+        xv.append(np.stack([x_words[tok[lane], (blk * 128 + 32 * q[lane]) // 2 :][:16] for lane in lanes]))
     c = np.zeros((NT, 32, 4), np.float32)
     for h in range(2):
         d_g, d_g8 = plus2(wa[:, h]), plus2(wb[:, h])
@@ -136,70 +134,47 @@ def _block(acc, wa, wb, sa, sb, blk, x_words, g, q, M, NT, dtype):
     return acc
 
 
-def kernel(x_bits, wp, ws, bias, dtype, warps_cap=MAX_WARPS, scale_offset=0) -> np.ndarray:
-    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4], ws fp16 [N, K/128].
-
-    ``warps_cap`` stands for the occupancy query (it caps the warps per CTA, as a small GPU
-    would); ``scale_offset`` = 1 places the scale tensor 2 bytes past a 4-byte boundary.
-    """
+def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray | None, dtype: str) -> np.ndarray:
+    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4], ws fp16 [N, K/128]."""
     M, K = x_bits.shape
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
     blocks = K // 128
-    tiles = (N + 15) // 16
-    warps = warps_for(blocks, tiles, lambda threads: tiles if threads // 32 <= warps_cap else 0)
+    warps = warps_for(blocks)
     per_warp = (blocks + warps - 1) // warps
     x_words = np.ascontiguousarray(x_bits).view(U32)  # [M, K/2]: little-endian pairs of halves
-    w_bytes = np.ascontiguousarray(wp).reshape(-1)
-    # The scale tensor's memory as 32-bit words, with `scale_offset` halves before it.
-    mem = np.zeros(scale_offset + ws.size + 2, np.uint16)
-    mem[scale_offset : scale_offset + ws.size] = ws.reshape(-1).view(np.uint16)
-    mem_words = mem[: mem.size // 2 * 2].view(U32)
+    w_bytes = np.ascontiguousarray(wp)
     out = np.full((M, N), np.nan, np.float32)
     lanes = np.arange(32)
     g, q = lanes // 4, lanes % 4
-    row_bytes = K // 4
-    for cta in range(tiles):
+    for cta in range((N + 15) // 16):
         n0 = cta * 16
         row0, row1 = n0 + g, n0 + g + 8
         r0, r1 = np.where(row0 < N, row0, 0), np.where(row1 < N, row1, 0)
-        crow = np.where(n0 + lanes // 2 < N, n0 + lanes // 2, 0)  # copy side, weights
-        srow = np.where(n0 + (lanes & 15) < N, n0 + (lanes & 15), 0)  # copy side, scales
         accs = []
         for warp in range(warps):
             b_begin = min(warp * per_warp, blocks)
             count = min(per_warp, blocks - b_begin)
             acc = np.zeros((NT, 32, 4), np.float32)
-            ring = np.zeros((STAGES, 512), np.uint8)
-            sring = np.zeros((STAGES, 32), U32)
-            issued = 0
 
-            def issue(s):  # lane l: 16 bytes of row l / 2, and the word around row l % 16's scale
-                nonlocal issued
-                if issued < count:
-                    blk = b_begin + issued
-                    for lane in lanes:
-                        src = crow[lane] * row_bytes + blk * 32 + 16 * (lane % 2)
-                        ring[s, 16 * lane : 16 * lane + 16] = w_bytes[src : src + 16]
-                        half = scale_offset + srow[lane] * blocks + blk
-                        sring[s, lane] = mem_words[half // 2]
-                issued += 1
+            def words(r, blk):  # load_stream8 at byte blk * 32 + 8q of each row: two words
+                raw = np.stack([w_bytes[r[i], blk * 32 + 8 * q[i] : blk * 32 + 8 * q[i] + 8] for i in lanes])
+                return raw.view(U32)  # [32, 2]
 
-            for s in range(STAGES):
-                issue(s)
-            par0 = (scale_offset + r0 * blocks + b_begin) & 1
-            par1 = (scale_offset + r1 * blocks + b_begin) & 1
-            s = 0
-            for blk in range(count):
-                words = np.stack([ring[s, off : off + 8] for off in g * 32 + 8 * q]).view(U32)
-                words8 = np.stack([ring[s, off : off + 8] for off in (g + 8) * 32 + 8 * q]).view(U32)
-                wsa, wsb = sring[s, g], sring[s, g + 8]
-                sa = ((wsa >> (16 * ((par0 + blk) & 1))) & 0xFFFF).astype(np.uint16).view(np.float16)
-                sb = ((wsb >> (16 * ((par1 + blk) & 1))) & 0xFFFF).astype(np.uint16).view(np.float16)
-                acc = _block(acc, words, words8, sa.astype(np.float32), sb.astype(np.float32),
-                             b_begin + blk, x_words, g, q, M, NT, dtype)  # fmt: skip
-                issue(s)
-                s = 0 if s + 1 == STAGES else s + 1
+            # The kernel's ring of DEPTH prefetched blocks; `base` is where its pointers stand.
+            ring = [(words(r0, b_begin + u), words(r1, b_begin + u), b_begin + u) for u in range(min(DEPTH, count))]
+            base, left = b_begin, count
+            while left > 0:
+                for u in range(DEPTH):
+                    if u >= left:
+                        break
+                    wa, wb, blk = ring[u]
+                    assert blk == base + u
+                    if u + DEPTH < left:
+                        ring[u] = (words(r0, base + u + DEPTH), words(r1, base + u + DEPTH), base + u + DEPTH)
+                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype)
+                base += DEPTH
+                left -= DEPTH
             accs.append(acc)
         total = accs[0].copy()
         for acc in accs[1:]:  # warp 0 adds warps 1..W-1 in order
@@ -244,27 +219,20 @@ def test_byte_perm_selects_low_and_high_halves():
     assert byte_perm(lo, hi, 0x7632)[0] == 0x44442222
 
 
-def test_warps_split_k_and_fit_one_wave():
-    fits = lambda threads: 10**6  # noqa: E731  (every grid is resident)
-    assert [warps_for(b, 1, fits) for b in (1, 3, 4, 8, 16, 32, 112)] == [1, 1, 2, 4, 8, 8, 8]
-    # 4096 x 14336 on 132 SMs: 896 tiles; 4 CTAs of 8 warps or 8 of 4 warps per SM.
-    h200 = lambda threads: 132 * (4 if threads == 256 else 8 if threads == 128 else 16)  # noqa: E731
-    assert warps_for(32, 896, h200) == 4
-    assert warps_for(32, 256, h200) == 8
+def test_warps_split_k():
+    assert [warps_for(b) for b in (1, 3, 4, 8, 16, 32, 112)] == [1, 1, 2, 4, 8, 8, 8]
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize(
-    "m,k,n,warps_cap,scale_offset",
-    # 1, 2, 4 and 8 warps; more blocks per warp than ring stages (K = 2176 over 1 warp: 17);
-    # odd block counts; K = 2176 over 8 warps: the last two with none; N not a multiple of
-    # 16; scales 2 bytes past a word boundary.
-    [(1, 128, 16, 8, 0), (3, 384, 20, 8, 1), (8, 512, 16, 8, 0), (9, 256, 24, 8, 1), (16, 1024, 16, 8, 0),
-     (2, 2176, 8, 8, 1), (2, 2176, 8, 1, 0), (5, 1280, 16, 2, 1), (12, 640, 33, 8, 0)],
+    "m,k,n",
+    # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8
+    # warps, the last two with none; N not a multiple of 16.
+    [(1, 128, 16), (3, 384, 20), (8, 512, 16), (9, 256, 24), (16, 1024, 16), (2, 2176, 8), (12, 640, 33)],
 )
-def test_kernel_mapping_equals_x_wt(dtype, m, k, n, warps_cap, scale_offset):
+def test_kernel_mapping_equals_x_wt(dtype, m, k, n):
     x, packed, scale, bias = _inputs(m, k, n, dtype, seed=m * 1000 + k + n)
     x_bits = float_to_bits(x.numpy(), dtype)
-    y = kernel(x_bits, packed.numpy(), scale.numpy(), bias.numpy(), dtype, warps_cap, scale_offset)
+    y = kernel(x_bits, packed.numpy(), scale.numpy(), bias.numpy(), dtype)
     ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
     assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]

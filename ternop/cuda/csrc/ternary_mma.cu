@@ -11,7 +11,7 @@
 // k order. Inside one mma the order of the 16 k slots is free as long as A and B agree.
 // Lane (g = lane / 4, q = lane % 4) owns, for rows g and g + 8, the 32 codes
 // [32q, 32q + 32) of each 128-wide scale block: 8 bytes = two words (h = 0, 1) of 16 codes.
-// mma step i (0..7) of a block
+// The four lanes of a quad read one 32-byte sector per row. mma step i (0..7) of a block
 // takes word h = i / 4 and e = 2 * (i % 4), and its A registers hold (low half, high half):
 //   slots (2q, 2q+1)   <- codes (e, e + 8)     of word h
 //   slots (2q+8, 2q+9) <- codes (e + 1, e + 9) of word h
@@ -28,14 +28,9 @@
 // (2^7 + 2) leaves v. That is a shift, a LOP3 and an HSUB2 per two codes.
 //
 // Work split. A CTA of W warps owns 16 rows; warp w takes a contiguous range of scale
-// blocks. W is chosen at launch so that the whole grid is resident at once (one wave) when the
-// shape allows it. Each warp streams its weights through a ring of kStages stages in shared
-// memory with cp.async (one block of 16 rows x 32 bytes per stage; lane l copies 16 bytes of
-// row l / 2, coalesced, L2 only), so many blocks are in flight without holding them in
-// registers; each lane then reads its own 8 bytes of rows g and g + 8 back. The x values of a
-// block are read just before its mma steps, and only by lanes whose token exists.
-// Warps 1..W-1 leave their C fragments in shared memory; warp 0 adds them in a fixed order
-// (deterministic), adds the bias and writes out once. No atomics, no workspace.
+// blocks and keeps kDepth blocks of weight loads in flight. Warps 1..W-1 leave their C
+// fragments in shared memory; warp 0 adds them in a fixed order (deterministic), adds the
+// bias and writes out once. No atomics, no workspace.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,31 +42,19 @@ namespace ternop {
 namespace {
 
 constexpr int kMaxWarps = 8;
-// Ring stages per warp: 512 bytes of weights and 128 of scale words each, so a CTA of 8 warps
-// holds 40 KiB in flight at 8 stages without spending registers on them.
-constexpr int kStages = 8;
-// CTAs of kMaxWarps warps per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 3
-// (85 registers) for two; tests/cuda/test_nvcc_compile.py checks that nothing spills.
-constexpr int kWarpRingBytes = kStages * (512 + 32 * 4);
+// Scale blocks of weight loads in flight per warp. Deeper prefetch made ptxas keep the x of
+// later blocks live too (106-128 registers at depth 4).
+constexpr int kDepth = 2;
+// CTAs per SM that ptxas must fit: 64 registers for one n8 tile, 128 for two (ptxas uses 64
+// and 106; tests/cuda/test_nvcc_compile.py checks that nothing spills).
 template <int NT>
-constexpr int min_ctas() { return NT == 1 ? 4 : 3; }
+constexpr int min_ctas() { return NT == 1 ? 4 : 2; }
 
-// cp.async of 16 bytes, global -> shared, cached in L2 only: the weights are read once, and
-// L1 is left to x.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-// cp.async of 4 bytes (the .ca form is the only one that takes fewer than 16).
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+// The weights are read exactly once: keep them out of L1, where x lives.
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
 }
 
 template <typename T>
@@ -140,21 +123,17 @@ __device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
   return Mma<T>::sub(r, Mma<T>::kBias);
 }
 
-// The 16 x values [32q + 16H, 32q + 16H + 16) of one block for one token (those of word H):
-// 8 registers of two halves, xv[8H + i] in the layout mma_step reads. A missing token (past
-// M) reads nothing: its registers keep the zeros they started with.
-template <typename T, int H>
-__device__ __forceinline__ void load_x_word(const T* p, bool present, uint32_t (&xv)[16]) {
-  if (present) {
-    const uint4* q = reinterpret_cast<const uint4*>(p) + 2 * H;
+// The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
+template <typename T>
+__device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 v = __ldg(q + i);
-      xv[8 * H + 4 * i] = v.x;
-      xv[8 * H + 4 * i + 1] = v.y;
-      xv[8 * H + 4 * i + 2] = v.z;
-      xv[8 * H + 4 * i + 3] = v.w;
-    }
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = __ldg(q + i);
+    xv[4 * i] = v.x;
+    xv[4 * i + 1] = v.y;
+    xv[4 * i + 2] = v.z;
+    xv[4 * i + 3] = v.w;
   }
 }
 
@@ -194,10 +173,6 @@ template <typename T, int NT>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
-  // Dynamic shared memory, kWarpRingBytes per warp: kStages stages of 16 rows x 32 bytes (one
-  // scale block of 16 rows, row-major), then kStages x 32 words, the 4-byte aligned words
-  // around those rows' fp16 scales.
-  extern __shared__ __align__(16) uint8_t rings[];
   __shared__ float red[kMaxWarps - 1][NT * 4][32];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -211,32 +186,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_ke
   const int b_begin = min(warp * per_warp, blocks);
   const int count = min(per_warp, blocks - b_begin);  // this warp's scale blocks
 
-  // Rows past N copy row 0 and tokens past M read nothing: an mma keeps C's rows and columns
-  // apart, and those outputs are never written.
+  // Rows past N and tokens past M read row 0 / token 0 instead of branching: an mma keeps
+  // C's rows and columns apart, and those outputs are never written.
   const size_t row_bytes = static_cast<size_t>(K) / 4;
-  // Copy side: lane l moves bytes [16 (l % 2), +16) of row l / 2 of each block.
-  const int crow = n0 + lane / 2;
-  const uint8_t* pc = wp + static_cast<size_t>(crow < N ? crow : 0) * row_bytes + b_begin * 32 + 16 * (lane % 2);
-  const int ring0 = warp * kWarpRingBytes;          // this warp's weight stages
-  const int scales0 = ring0 + kStages * 512;         // and its scale words
-  // Read side: lane (g, q) reads bytes [8q, 8q + 8) of rows g and g + 8.
-  const int r0 = g * 32 + 8 * q, r1 = (g + 8) * 32 + 8 * q;
-  // Scales travel as the aligned 32-bit word that holds them (cp.async moves at least 4
-  // bytes): lane l copies row l % 16's into word l of the stage, and readers use words 0..15.
-  // The word stays inside the scale tensor's allocation, whose start and end are 4-byte
-  // aligned; the reader picks the half from the element's parity.
-  const int srow = n0 + (lane & 15);
-  const __half* psc = ws + static_cast<size_t>(srow < N ? srow : 0) * blocks + b_begin;
-  const size_t s0 = static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
-  const size_t s1 = static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
-  const int par0 = static_cast<int>(((reinterpret_cast<uintptr_t>(ws) >> 1) + s0) & 1);
-  const int par1 = static_cast<int>(((reinterpret_cast<uintptr_t>(ws) >> 1) + s1) & 1);
-  const T* px[NT];  // token t * 8 + g, this lane's B column, at the current block
-  bool present[NT];
+  const uint8_t* pw0 = wp + static_cast<size_t>(row0 < N ? row0 : 0) * row_bytes + b_begin * 32 + 8 * q;
+  const uint8_t* pw1 = wp + static_cast<size_t>(row1 < N ? row1 : 0) * row_bytes + b_begin * 32 + 8 * q;
+  const __half* ps0 = ws + static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
+  const __half* ps1 = ws + static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
+  const T* px[NT];  // token t * 8 + g, this lane's B column
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const int m = t * 8 + g;
-    present[t] = m < M;
     px[t] = x + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * q;
   }
   const uint32_t magic = Mma<T>::kMagic;
@@ -247,71 +207,60 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_ke
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
 
-  // Block i of this warp lives in stage i % kStages. Every issue commits one group (empty past
-  // the last block), so when block i is read, the kStages - 1 groups after its own may still
-  // be in flight.
-  int issued = 0;
-  auto issue = [&](int s) {
-    if (issued < count) {
-      cp_async16(rings + ring0 + s * 512 + 16 * lane, pc);
-      cp_async4(rings + scales0 + 4 * (s * 32 + lane),
-                reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(psc) & ~static_cast<uintptr_t>(3)));
+  // kDepth blocks of weights and scales in flight; the pointers advance by kDepth blocks
+  // per outer step, so every offset below is an immediate.
+  uint2 wbuf[kDepth][2];
+  __half sbuf[kDepth][2];
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) {
+    if (u < count) {
+      wbuf[u][0] = load_stream8(pw0 + 32 * u);
+      wbuf[u][1] = load_stream8(pw1 + 32 * u);
+      sbuf[u][0] = ps0[u];
+      sbuf[u][1] = ps1[u];
     }
-    cp_async_commit();
-    pc += 32;
-    psc += 1;
-    ++issued;
-  };
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) issue(s);
-
-  uint32_t xv[NT][16];
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) xv[t][i] = 0u;
-
-  int s = 0;  // the stage that holds block blk
-#pragma unroll 1
-  for (int blk = 0; blk < count; ++blk) {
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // the other lanes' copies of this stage have landed too
-    const int stage = ring0 + s * 512;
-    const uint2 wa = *reinterpret_cast<const uint2*>(rings + stage + r0);
-    const uint2 wb = *reinterpret_cast<const uint2*>(rings + stage + r1);
-    const uint32_t wsa = *reinterpret_cast<const uint32_t*>(rings + scales0 + 4 * (s * 32 + g));
-    const uint32_t wsb = *reinterpret_cast<const uint32_t*>(rings + scales0 + 4 * (s * 32 + g + 8));
-    const float sa = __half2float(__ushort_as_half(static_cast<unsigned short>(wsa >> (16 * ((par0 + blk) & 1)))));
-    const float sb = __half2float(__ushort_as_half(static_cast<unsigned short>(wsb >> (16 * ((par1 + blk) & 1)))));
-
-    float c[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) load_x_word<T, 0>(px[t], present[t], xv[t]);
-    mma_word<T, NT, 0>(wa.x, wb.x, xv, magic, c);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      load_x_word<T, 1>(px[t], present[t], xv[t]);
-      px[t] += 128;
-    }
-    mma_word<T, NT, 1>(wa.y, wb.y, xv, magic, c);
-    // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      acc[t][0] = fmaf(c[t][0], sa, acc[t][0]);
-      acc[t][1] = fmaf(c[t][1], sa, acc[t][1]);
-      acc[t][2] = fmaf(c[t][2], sb, acc[t][2]);
-      acc[t][3] = fmaf(c[t][3], sb, acc[t][3]);
-    }
-    // Every lane has used this stage (the mma read wa and wb) before any lane refills it.
-    __syncwarp();
-    issue(s);
-    s = s + 1 == kStages ? 0 : s + 1;
   }
-  cp_async_wait<0>();
+
+  for (int left = count; left > 0; left -= kDepth) {
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      if (u >= left) break;  // warp-uniform
+      const uint2 wa = wbuf[u][0], wb = wbuf[u][1];
+      const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
+      if (u + kDepth < left) {
+        wbuf[u][0] = load_stream8(pw0 + 32 * (u + kDepth));
+        wbuf[u][1] = load_stream8(pw1 + 32 * (u + kDepth));
+        sbuf[u][0] = ps0[u + kDepth];
+        sbuf[u][1] = ps1[u + kDepth];
+      }
+
+      uint32_t xv[NT][16];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, xv[t]);
+
+      float c[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
+      mma_word<T, NT, 0>(wa.x, wb.x, xv, magic, c);
+      mma_word<T, NT, 1>(wa.y, wb.y, xv, magic, c);
+      // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = fmaf(c[t][0], sa, acc[t][0]);
+        acc[t][1] = fmaf(c[t][1], sa, acc[t][1]);
+        acc[t][2] = fmaf(c[t][2], sb, acc[t][2]);
+        acc[t][3] = fmaf(c[t][3], sb, acc[t][3]);
+      }
+    }
+    pw0 += 32 * kDepth;
+    pw1 += 32 * kDepth;
+    ps0 += kDepth;
+    ps1 += kDepth;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) px[t] += 128 * kDepth;
+  }
 
   if (warps > 1) {
     if (warp > 0) {
@@ -343,46 +292,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_ke
     }
 }
 
-// CTAs of `threads` threads of this kernel that fit on one SM, per device; cached because
-// the occupancy query costs more than the kernel's launch. Host-only, so safe under capture.
-template <typename T, int NT>
-int resident_ctas(int threads) {
-  constexpr int kDevices = 64;
-  static int cache[kDevices][kMaxWarps + 1] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return 1;
-  int& slot = cache[device][threads / 32];
-  if (slot == 0) {
-    int ctas = 0, sms = 0;
-    const size_t smem = static_cast<size_t>(threads / 32) * kWarpRingBytes;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, ternary_mma_kernel<T, NT>, threads, smem) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 1;
-    }
-    slot = ctas * sms;
-  }
-  return slot;
-}
-
-// Warps per CTA: as many as keep at least two scale blocks per warp (K = 4096 -> up to 8 warps
-// of 4 blocks; K = 384 -> 1 warp), halved while the grid would not be resident in one wave
-// (4096 x 14336 on 132 SMs: 4 warps of 8 blocks).
-template <typename T, int NT>
-int warps_for(int blocks, int tiles) {
+// Warps per CTA: split K so that each warp gets at least two scale blocks (K = 4096 -> 8
+// warps of 4 blocks; K = 384 -> 1 warp).
+int warps_for(int blocks) {
   int w = 1;
   while (w < kMaxWarps && blocks / (2 * w) >= 2) w *= 2;
-  while (w > 1 && tiles > resident_ctas<T, NT>(32 * w)) w /= 2;
   return w;
-}
-
-template <typename T, int NT>
-cudaError_t launch_nt(const T* x, const uint8_t* wp, const __half* ws, const T* bias, T* out, int M, int N, int K,
-                      cudaStream_t stream) {
-  const int tiles = (N + 15) / 16;
-  const dim3 block(32 * warps_for<T, NT>(K / 128, tiles));
-  const size_t smem = static_cast<size_t>(block.x / 32) * kWarpRingBytes;  // < 48 KiB: no opt-in needed
-  ternary_mma_kernel<T, NT><<<tiles, block, smem, stream>>>(x, wp, ws, bias, out, M, N, K);
-  return cudaGetLastError();
 }
 
 template <typename T>
@@ -391,8 +306,14 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  return M <= 8 ? launch_nt<T, 1>(xt, wp, ws, bt, ot, M, N, K, stream)
-                : launch_nt<T, 2>(xt, wp, ws, bt, ot, M, N, K, stream);
+  const dim3 grid((N + 15) / 16);
+  const dim3 block(32 * warps_for(K / 128));
+  if (M <= 8) {
+    ternary_mma_kernel<T, 1><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+  } else {
+    ternary_mma_kernel<T, 2><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
