@@ -41,7 +41,23 @@ _MASK = "<mask>"
 _STEM = 5
 
 
+class EvalDataError(RuntimeError):
+    """The evaluation data is not installed."""
+
+
+def require() -> None:
+    """Raises EvalDataError, with the fix, when the data's package (gensim) is missing."""
+    try:
+        import gensim.test.utils  # noqa: F401
+    except ImportError as e:
+        raise EvalDataError(
+            f"the evaluation data ships inside the gensim wheel, which is not importable here ({e}); "
+            "install it with: pip install gensim==4.4.0  (or: pip install 'ternop[eval]')"
+        ) from e
+
+
 def _datapath(name: str) -> str:
+    require()
     from gensim.test.utils import datapath
 
     return datapath(name)

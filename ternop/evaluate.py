@@ -397,6 +397,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    from ternop import evaldata
     from ternop.checkpoint import read_quant_config
 
     if read_quant_config(args.quant) is None:
@@ -405,7 +406,8 @@ def main(args) -> int:
     kind = "causal" if is_causal_lm(args.base) else "embedding"
     try:
         gates = load_gates(kind, args.thresholds, args.min, args.max)
-    except (ValueError, OSError) as e:
+        evaldata.require()  # before any model loads: fail in a second, not after minutes
+    except (ValueError, OSError, evaldata.EvalDataError) as e:
         print(f"ternop eval: {e}", file=sys.stderr)
         return 2
     log = args.log or (str(Path(args.json).with_suffix(".vllm.log")) if args.json else

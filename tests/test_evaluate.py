@@ -122,6 +122,17 @@ def test_evaluate_rejects_a_plain_model_as_quant(bert_pair, capsys):
     assert "not a ternary checkpoint" in capsys.readouterr().err
 
 
+def test_evaluate_without_eval_data_fails_fast_with_the_fix(bert_pair, capsys, monkeypatch):
+    import sys
+
+    base, quant = bert_pair
+    monkeypatch.setitem(sys.modules, "gensim", None)  # as if gensim were not installed
+    monkeypatch.setitem(sys.modules, "gensim.test.utils", None)
+    assert _run([str(base), str(quant), "--backend", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert "gensim" in err and "pip install gensim==4.4.0" in err and "Traceback" not in err
+
+
 def test_evaluate_causal_report(causal_pair, tmp_path):
     base, quant = causal_pair
     out = tmp_path / "causal.json"
