@@ -4,7 +4,7 @@ Run from the repository root on the GPU machine (vLLM 0.26 with ternop installed
 ``vllm.general_plugins`` entry point is visible to every vLLM process):
 
     python benchmarks/gpu/vllm_plugin_gpu.py --out benchmarks/results/h200/vllm_plugin
-    python benchmarks/gpu/vllm_plugin_gpu.py --out benchmarks/results/h200x2/vllm_plugin --tp 2 --skip-single
+    python benchmarks/gpu/vllm_plugin_gpu.py --out benchmarks/results/h200x2/vllm_plugin --tp 2 --skip-single [--skip-validate]
 
 What it does:
   1. builds tiny random Qwen3 and BERT models (tests/models.py) and a larger Qwen3-shaped one,
@@ -144,6 +144,7 @@ def main() -> int:
     parser.add_argument("--out", help="folder for vllm_plugin_gpu.json and vllm_plugin_gpu.log")
     parser.add_argument("--tp", type=int, default=1, help="also compare tensor_parallel_size=TP with TP=1")
     parser.add_argument("--skip-single", action="store_true", help="only the TP part")
+    parser.add_argument("--skip-validate", action="store_true", help="no ternop validate runs (about a minute)")
     parser.add_argument("--eager-too", action="store_true", help="also run with enforce_eager=True")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,7 +202,7 @@ def main() -> int:
                           f"min_cos={info.get('min_cosine')} wall={info['wall_s']}s")  # fmt: skip
                     r.save()
 
-    for name, (path, _) in models.items():
+    for name, (path, _) in ({} if args.skip_validate else models).items():
         proc = r.subprocess([sys.executable, "-m", "ternop.cli", "validate", str(path), "--tp", str(max(2, args.tp))],
                             timeout=300)  # fmt: skip
         lines = proc.stdout.splitlines()
