@@ -15,14 +15,9 @@
 // ROWS rows, which keeps L1 traffic for x below the weight traffic. Partial sums are fp32; each chunk's partial is multiplied by its block
 // scale before it joins the accumulator; lanes of a group reduce with warp shuffles.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
+#include "ternary_common.cuh"
 
 namespace ternop {
-
-enum XDtype : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
 namespace {
 
@@ -59,8 +54,6 @@ struct XLoad<__half> {
       }
     }
   }
-  __device__ __forceinline__ static __half from_float(float f) { return __float2half_rn(f); }
-  __device__ __forceinline__ static float to_float(__half h) { return __half2float(h); }
 };
 
 template <>
@@ -79,8 +72,6 @@ struct XLoad<__nv_bfloat16> {
       }
     }
   }
-  __device__ __forceinline__ static __nv_bfloat16 from_float(float f) { return __float2bfloat16_rn(f); }
-  __device__ __forceinline__ static float to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
 };
 
 template <>
@@ -96,8 +87,6 @@ struct XLoad<float> {
       out[4 * i + 3] = v.w;
     }
   }
-  __device__ __forceinline__ static float from_float(float f) { return f; }
-  __device__ __forceinline__ static float to_float(float h) { return h; }
 };
 
 // Position of code j (0..15) of a word inside the field register it is read from:
@@ -212,9 +201,9 @@ __global__ void __launch_bounds__(kThreads) ternary_gemv_kernel(
     for (int r = 0; r < kRows; ++r) {
       const int n = n0 + r;
       if (n >= N) break;
-      const float b = bias != nullptr ? XLoad<T>::to_float(bias[n]) : 0.f;
+      const float b = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) out[static_cast<size_t>(m) * N + n] = XLoad<T>::from_float(acc[r][m] + b);
+      for (int m = 0; m < M; ++m) out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[r][m] + b);
     }
   }
 }
@@ -270,13 +259,10 @@ int ternary_gemv_max_m() { return 8; }
 // nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 8.
 cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                 void* out, int M, int N, int K, cudaStream_t stream) {
-  if (M < 1 || M > ternary_gemv_max_m() || N < 1 || K < 128 || K % 128 != 0) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case kFloat16: return launch_t<__half>(x, wp, ws, bias, out, M, N, K, stream);
-    case kBFloat16: return launch_t<__nv_bfloat16>(x, wp, ws, bias, out, M, N, K, stream);
-    case kFloat32: return launch_t<float>(x, wp, ws, bias, out, M, N, K, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  if (!valid_shape(M, ternary_gemv_max_m(), N, K)) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/true>(dtype, [&](auto tag) {
+    return launch_t<decltype(tag)>(x, wp, ws, bias, out, M, N, K, stream);
+  });
 }
 
 }  // namespace ternop

@@ -32,10 +32,9 @@
 // fragments in shared memory; warp 0 adds them in a fixed order (deterministic), adds the
 // bias and writes out once. No atomics, no workspace.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
+#include <type_traits>
+
+#include "ternary_common.cuh"
 
 namespace ternop {
 
@@ -57,55 +56,53 @@ __device__ __forceinline__ uint2 load_stream8(const void* p) {
   return r;
 }
 
+// Per x dtype: the packed pair type, the magic pair (2^10 or 2^7 in both halves, where one
+// mantissa ulp is 1) and the magic plus 2 that the decode subtracts.
 template <typename T>
 struct Mma;
 
 template <>
 struct Mma<__half> {
+  using Pair = __half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024) as fp16: ulp 1
   static constexpr uint32_t kBias = 0x64026402u;   // (1026, 1026)
-  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) {
-    __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
-    return *reinterpret_cast<uint32_t*>(&r);
-  }
-  __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();  // no m16n8k16 before sm_80; the registry never launches it there
-#else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-  }
-  __device__ __forceinline__ static __half from_float(float f) { return __float2half_rn(f); }
-  __device__ __forceinline__ static float to_float(__half h) { return __half2float(h); }
 };
 
 template <>
 struct Mma<__nv_bfloat16> {
+  using Pair = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128) as bf16: ulp 1
   static constexpr uint32_t kBias = 0x43024302u;   // (130, 130)
-  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) {
-    __nv_bfloat162 r =
-        __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-    return *reinterpret_cast<uint32_t*>(&r);
-  }
-  __device__ __forceinline__ static void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
+};
+
+// Packed a - b of two pairs of T.
+template <typename T>
+__device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+  using P = typename Mma<T>::Pair;
+  P r = __hsub2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// c += A (16 x 16, registers a0..a3) * B (16 x 8, b0, b1), fp32 accumulate, A and B in T.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();  // no m16n8k16 before sm_80; the registry never launches it there
+  __trap();  // no m16n8k16 before sm_80; the registry never launches it there
 #else
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
   }
-  __device__ __forceinline__ static __nv_bfloat16 from_float(float f) { return __float2bfloat16_rn(f); }
-  __device__ __forceinline__ static float to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
-};
+#endif
+}
 
 // v + 2 in every 2-bit field of w (see the file comment).
 __device__ __forceinline__ uint32_t plus2(uint32_t w) {
@@ -120,7 +117,7 @@ __device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
   uint32_t r;
   // 0xEA = (a & b) | c
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(d >> (2 * J)), "n"(0x00030003), "r"(magic));
-  return Mma<T>::sub(r, Mma<T>::kBias);
+  return sub2<T>(r, Mma<T>::kBias);
 }
 
 // The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
@@ -153,7 +150,7 @@ __device__ __forceinline__ void mma_step(uint32_t d_g, uint32_t d_g8, const uint
     const uint32_t lo = xv[t][8 * H + S], hi = xv[t][8 * H + S + 4];
     const uint32_t b0 = __byte_perm(lo, hi, 0x5410);  // slots 2q, 2q+1
     const uint32_t b1 = __byte_perm(lo, hi, 0x7632);  // slots 2q+8, 2q+9
-    Mma<T>::mma(c[t], a0, a1, a2, a3, b0, b1);
+    mma_16816<T>(c[t], a0, a1, a2, a3, b0, b1);
   }
 }
 
@@ -286,8 +283,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_ke
       const int n = r < 2 ? row0 : row1;
       const int m = t * 8 + 2 * q + (r & 1);
       if (n < N && m < M) {
-        const float bv = bias != nullptr ? Mma<T>::to_float(bias[n]) : 0.f;
-        out[static_cast<size_t>(m) * N + n] = Mma<T>::from_float(acc[t][r] + bv);
+        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] + bv);
       }
     }
 }
@@ -321,17 +318,15 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
 // Largest M the kernel takes (two n8 tiles).
 int ternary_mma_max_m() { return 16; }
 
-// x: [M, K] row-major, dtype 0 = fp16, 1 = bf16; wp: uint8 [N, K/4]; ws: fp16 [N, K/128];
+// x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4]; ws: fp16 [N, K/128];
 // bias: [N] in x's dtype or nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a
 // multiple of 128, 1 <= M <= 16, N < 2^31 / 16.
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                void* out, int M, int N, int K, cudaStream_t stream) {
-  if (M < 1 || M > ternary_mma_max_m() || N < 1 || K < 128 || K % 128 != 0) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case 0: return launch_t<__half>(x, wp, ws, bias, out, M, N, K, stream);
-    case 1: return launch_t<__nv_bfloat16>(x, wp, ws, bias, out, M, N, K, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  if (!valid_shape(M, ternary_mma_max_m(), N, K)) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
+    return launch_t<decltype(tag)>(x, wp, ws, bias, out, M, N, K, stream);
+  });
 }
 
 }  // namespace ternop
