@@ -3,12 +3,14 @@
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
 the reason and the registry skips the ``cuda_gemv`` and ``cuda_mma`` backends. The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
-``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch.
+``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
+content of ``csrc/`` (headers included, which torch's own rebuild check does not read).
 ``TERNOP_NO_CUDA_EXT=1`` turns it off.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -23,10 +25,19 @@ ENV_DISABLE = "TERNOP_NO_CUDA_EXT"
 _state: dict[str, object] = {}
 
 
+def sources_digest(csrc: Path | None = None) -> str:
+    """12 hex digits of SHA-256 over every file in ``csrc`` (default: the kernel sources), names and
+    bytes, in name order."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in (csrc or CSRC).iterdir() if p.is_file()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def cache_dir(capability: tuple[int, int]) -> Path:
     root = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "ternop" / "cuda")
     tag = f"torch{torch.__version__.replace('+', '_')}-cuda{torch.version.cuda}-sm{capability[0]}{capability[1]}"
-    return root / tag
+    return root / f"{tag}-{sources_digest()}"
 
 
 def _build() -> tuple[bool, str]:
