@@ -104,6 +104,15 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 64, "default": 256}}
 
+# arch -> (largest M, smallest N): layers at least that wide, at up to that M, run the fused
+# GEMM instead of dequantize-then-cuBLAS (which writes a dense copy of the whole weight first).
+# From two bench_linear runs on the H200 (speed-up over cuBLAS, fused vs dequant):
+# 4096->14336 at M = 64: 0.73x / 0.76x vs 0.46x / 0.47x, at M = 128: 0.52x / 0.53x vs 0.47x / 0.48x;
+# 4096->28672 at M = 64: 0.90x / 0.91x vs 0.44x / 0.44x, at M = 128: 0.49x / 0.51x vs 0.45x / 0.46x.
+# Every narrower shape measured favours dequantizing there (4096->4096 at M = 64: 0.25x vs
+# 0.63x), and at M = 512 every shape does.
+FUSED_OVER_DEQUANT: dict[str, tuple[int, int]] = {"sm90": (128, 14336)}
+
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
 
 
@@ -124,6 +133,12 @@ def arch_key(device: torch.device) -> str:
 def min_m(backend: str, device: torch.device) -> int:
     """Smallest M the dispatcher gives ``backend`` on this device (1 when it has no floor)."""
     return MIN_M.get(backend, {}).get(arch_key(device), 1)
+
+
+def fused_beats_dequant(m: int, n: int, device: torch.device) -> bool:
+    """Whether an [M, K] x [N, K] layer should skip dequantize-then-cuBLAS for the fused GEMM."""
+    rule = FUSED_OVER_DEQUANT.get(arch_key(device))
+    return rule is not None and m <= rule[0] and n >= rule[1]
 
 
 def lookup(backend: str, m: int, device: torch.device, forced: bool = False) -> tuple[object | None, str]:

@@ -73,9 +73,14 @@ def _can_dequant_cublas(x2, weight_packed, weight_scale, bias) -> tuple[bool, st
     ok, why = _can_triton("dequant_cublas")(x2, weight_packed, weight_scale, bias)
     if not ok:
         return ok, why
+    if _forced("dequant_cublas"):
+        return True, ""
+    m, n = x2.shape[0], weight_packed.shape[0]
     floor = configs.min_m("dequant_cublas", x2.device)
-    if x2.shape[0] < floor and not _forced("dequant_cublas"):
-        return False, f"M={x2.shape[0]} is below M={floor}, where dequantizing first starts to pay"
+    if m < floor:
+        return False, f"M={m} is below M={floor}, where dequantizing first starts to pay"
+    if configs.fused_beats_dequant(m, n, x2.device):
+        return False, f"M={m}, N={n}: the fused GEMM is faster for a layer this wide at this M"
     return True, ""
 
 

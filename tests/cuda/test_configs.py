@@ -56,3 +56,27 @@ def test_configs_cuda_mma_takes_m_up_to_16(sm90):
         assert isinstance(config, configs.CudaMmaConfig), why
     config, why = configs.lookup("cuda_mma", 17, DEV)
     assert config is None and "M=17" in why
+
+
+def test_configs_wide_layers_skip_dequantizing_at_moderate_m(sm90, monkeypatch):
+    from types import SimpleNamespace
+
+    assert configs.fused_beats_dequant(64, 14336, DEV) and configs.fused_beats_dequant(128, 28672, DEV)
+    assert not configs.fused_beats_dequant(64, 4096, DEV)  # narrower: dequantizing wins
+    assert not configs.fused_beats_dequant(129, 28672, DEV)  # larger M: dequantizing wins
+    # The registry's answer, with the Triton availability check stubbed (no GPU here).
+    monkeypatch.setattr(registry, "_can_triton", lambda name: lambda *args: (True, ""))
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    x = SimpleNamespace(shape=(64, 4096), device=DEV)
+    wide, narrow = SimpleNamespace(shape=(24576, 1024)), SimpleNamespace(shape=(4096, 1024))
+    ok, why = registry._can_dequant_cublas(x, wide, None, None)
+    assert not ok and "M=64, N=24576" in why and "fused GEMM" in why
+    assert registry._can_dequant_cublas(x, narrow, None, None) == (True, "")
+    assert registry._can_dequant_cublas(SimpleNamespace(shape=(63, 4096), device=DEV), narrow, None, None)[0] is False
+    monkeypatch.setenv("TERNOP_BACKEND", "dequant_cublas")  # forcing overrides the table
+    assert registry._can_dequant_cublas(x, wide, None, None) == (True, "")
+
+
+def test_configs_other_archs_keep_dequantizing(monkeypatch):
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
+    assert not configs.fused_beats_dequant(64, 28672, DEV)
