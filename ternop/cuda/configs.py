@@ -62,17 +62,15 @@ _BIG = 1 << 62
 
 # Picked from benchmarks/results/h200/bench_linear.json (every backend at every M) and
 # kernels_sweep.log (Triton tile candidates), both measured on the H200:
-# - cuda_gemv is best at M = 1 by far (17 us vs 35+ us on 4096x14336) but its CUDA-core
-#   FMAs grow with M: at M = 8 it took 125 us against the GEMM's 43 us. M <= 2 keeps it
-#   where it is expected to win (M = 2..7 were not measured).
+# - cuda_mma (tensor cores) is first for M <= 16: at M = 1 it beat cuda_gemv on six of the
+#   eight shapes (13.2 us against 16.7 us on 4096x14336) and lost on two small ones by 5-10%;
+#   at M = 2..16 it beat every other backend on every shape.
+# - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x); its FMAs grow
+#   with M (an earlier run: 125 us at M = 8 on 4096x14336, against the GEMM's 43 us).
 # - triton_gemv lost to the GEMM at every M (78 us at M = 1 on 4096x14336), so it ranks
 #   last and only runs when forced or when the GEMM cannot.
 # - dequant_cublas (one dequantization pass, then cuBLAS) beats the in-GEMM decode from
-#   M = 64 on most shapes; see MIN_M.
-# - cuda_mma (tensor cores, priority 5) is set to take M <= 16 before it was measured: its
-#   decode costs the same for M = 1..8 (one n8 tile) and little more for 9..16 (two), and
-#   it was designed to replace both cuda_gemv and the GEMM there. Re-check against
-#   bench_linear.json once it has been run on the H200.
+#   M = 64 on most shapes; see MIN_M and FUSED_OVER_DEQUANT.
 SM90: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
