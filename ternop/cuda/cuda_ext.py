@@ -4,7 +4,9 @@ The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` 
 the reason and the registry skips the ``cuda_gemv`` and ``cuda_mma`` backends. The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
-content of ``csrc/`` (headers included, which torch's own rebuild check does not read).
+content of ``csrc/`` (headers included). So another ternop version, or an edited kernel, never
+builds on top of an older build's objects, whether or not ninja's dependency files would have
+caught the change (torch can turn nvcc's off with TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1).
 ``TERNOP_NO_CUDA_EXT=1`` turns it off.
 """
 
