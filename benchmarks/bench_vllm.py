@@ -430,20 +430,20 @@ def _save(report: dict, path: str) -> None:
 
 def _print_table(report: dict) -> None:
     print(f"\n{'metric':40s} {'bf16':>12s} {'ternary':>12s} {'ratio':>8s}")
+
+    def rows(part: dict, section: str, key: str, ratio_prefix: str, label: str, digits: int, unit: str = "") -> None:
+        """One row per workload of part[role][section]: bf16, ternary (nan if missing) and the ratio."""
+        for w, base in part.get("bf16", {}).get(section, {}).items():
+            t = part.get("ternary", {}).get(section, {}).get(w, {}).get(key)
+            r = part["ratios"].get(ratio_prefix + w)
+            print(f"{label + w:40s} {base[key]:12.{digits}f} {t or float('nan'):12.{digits}f} "
+                  f"{r or float('nan'):8.2f}{unit}")  # fmt: skip
+
     emb = report.get("embed", {})
-    for w in emb.get("bf16", {}).get("throughput", {}):
-        b = emb["bf16"]["throughput"][w]["tokens_per_s"]
-        t = emb.get("ternary", {}).get("throughput", {}).get(w, {}).get("tokens_per_s")
-        print(f"{'embed tokens/s ' + w:40s} {b:12.0f} {t or float('nan'):12.0f} {emb['ratios'].get('throughput_' + w) or float('nan'):8.2f}")
-    for q in emb.get("bf16", {}).get("latency", {}):
-        b = emb["bf16"]["latency"][q]["p50_ms"]
-        t = emb.get("ternary", {}).get("latency", {}).get(q, {}).get("p50_ms")
-        print(f"{'embed p50 ms ' + q:40s} {b:12.2f} {t or float('nan'):12.2f} {emb['ratios'].get('latency_p50_' + q) or float('nan'):8.2f}")
     dec = report.get("decode", {})
-    for bsz in dec.get("bf16", {}).get("decode", {}):
-        b = dec["bf16"]["decode"][bsz]["ms_per_step"]
-        t = dec.get("ternary", {}).get("decode", {}).get(bsz, {}).get("ms_per_step")
-        print(f"{'decode ms/step ' + bsz:40s} {b:12.2f} {t or float('nan'):12.2f} {dec['ratios'].get('speedup_per_step_' + bsz) or float('nan'):8.2f}x")
+    rows(emb, "throughput", "tokens_per_s", "throughput_", "embed tokens/s ", 0)
+    rows(emb, "latency", "p50_ms", "latency_p50_", "embed p50 ms ", 2)
+    rows(dec, "decode", "ms_per_step", "speedup_per_step_", "decode ms/step ", 2, "x")
     for name, part in (("embed", emb), ("decode", dec)):
         r = part.get("ratios", {}).get("linear_weight_memory") if part else None
         if r:
