@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m ternop.demo
+	$(PY) -m ternop.cli.demo
 
 clean:
 	rm -rf $(VENV) work

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ternop import evaldata
+from ternop.cli import evaldata
 
 # Word n-grams shared between two texts longer than this are treated as copied text.
 _SHINGLE = 10

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ternop import evaluate, memory
+from ternop.cli import evaluate, memory
 from ternop.checkpoint import quantize_checkpoint
 from ternop.format import BLOCK_SIZE
 from tests.models import _vocab_tokenizer, hf_model_from_checkpoint, tiny_bert, tiny_qwen3

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ternop.memory import disk_bytes, vllm_weight_memory, weight_memory
+from ternop.cli.memory import disk_bytes, vllm_weight_memory, weight_memory
 
 DEFAULT_GATES = {
     "embedding": {
@@ -118,7 +118,7 @@ def load_hf_model(model_dir, causal: bool, dtype: torch.dtype = torch.float32, m
 
 def max_length(model_dir) -> int:
     """Tokens per text: sentence-transformers' max_seq_length, within the model's position table."""
-    from ternop.evaldata import max_seq_length
+    from ternop.cli.evaldata import max_seq_length
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     positions = config.get("max_position_embeddings") or 1 << 30
@@ -137,7 +137,7 @@ def _token_ids(model_dir, texts) -> tuple[list[list[int]], int]:
 def embed_hf_model(model_dir, texts, dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
     from transformers import AutoTokenizer
 
-    from ternop.evaldata import embed_model, pooling_mode
+    from ternop.cli.evaldata import embed_model, pooling_mode
 
     model = load_hf_model(model_dir, causal=False, dtype=dtype)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -151,12 +151,12 @@ def embed_vllm(model_dir, texts, dtype: str, eager: bool, log_path) -> tuple[tor
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.pt"
         job.write_text(json.dumps({"model": str(model_dir), "texts": list(texts), "dtype": dtype, "eager": eager}))
-        from ternop.serve import with_cpu_defaults
+        from ternop.cli.serve import with_cpu_defaults
 
         env = with_cpu_defaults(dict(os.environ))
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process: faster start, model reachable
         with open(log_path, "ab") as log:
-            rc = subprocess.call([sys.executable, "-m", "ternop.evaluate", str(job), str(out)], env=env,
+            rc = subprocess.call([sys.executable, "-m", "ternop.cli.evaluate", str(job), str(out)], env=env,
                                  stdout=log, stderr=subprocess.STDOUT)
         if rc != 0 or not out.exists():
             tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-30:])
@@ -189,7 +189,7 @@ def _vllm_worker(job_path: str, out_path: str) -> int:
 
 
 def embedding_report(base, quant, backend: str, dtype: str, eager: bool, log_path) -> dict:
-    from ternop import evaldata
+    from ternop.cli import evaldata
 
     lee_docs, _ = evaldata.lee50()
     queries, docs = evaldata.wiki_retrieval()
@@ -221,7 +221,7 @@ def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
     """Perplexity on the wiki sample for both models, and the same-top-token rate, through transformers."""
     from transformers import AutoTokenizer
 
-    from ternop.evaldata import perplexity_texts
+    from ternop.cli.evaldata import perplexity_texts
 
     tok = AutoTokenizer.from_pretrained(str(base))
     window = min(512, json.loads((Path(base) / "config.json").read_text()).get("max_position_embeddings") or 512)
@@ -397,7 +397,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from ternop import evaldata
+    from ternop.cli import evaldata
     from ternop.checkpoint import read_quant_config
 
     if read_quant_config(args.quant) is None:

@@ -323,7 +323,7 @@ def make_quantizer(src, calib: str, skip=(), progress: bool = True, **kwargs):
     Calibrates the whole model from ``src`` on the text file ``calib`` up front, then answers
     per layer. A layer the calibration did not see falls back to ``optimal`` rounding.
     """
-    from ternop.evaldata import load_hf
+    from ternop.cli.evaldata import load_hf
     from ternop.quantize import quantize_weight
 
     model, tokenizer = load_hf(str(src))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ternop._safetensors_stream import element_size, st_dtype, write_safetensors
+from ternop.checkpoint.safetensors_io import element_size, st_dtype, write_safetensors
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, FORMAT_VERSION, PACKED_DTYPE, SCALE_DTYPE, check_shapes
 from ternop.format import dequantize as _dequantize
 from ternop.modules import QuantizeReport
@@ -57,7 +57,7 @@ def _calibrated(src: Path, calib: str | None, skip: tuple[str, ...]) -> Quantize
     if calib is None:
         raise CheckpointError("--method calibrated needs --calib FILE (text to collect activation statistics)")
     try:
-        module = importlib.import_module("ternop.calibrate")
+        module = importlib.import_module("ternop.quant.calibrate")
     except ModuleNotFoundError as e:
         raise CheckpointError(f"--method calibrated is not available in this build ({e})") from e
     return module.make_quantizer(src, calib, skip=skip)

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ternop.checkpoint import quantize_checkpoint
-    from ternop.serve import Server, free_port, prepare
+    from ternop.cli.serve import Server, free_port, prepare
 
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ def train_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def calibrated(tiny_fp, train_file, tmp_path_factory):
-    from ternop.calibrate import quantize_checkpoint_calibrated
+    from ternop.quant.calibrate import quantize_checkpoint_calibrated
 
     dst = tmp_path_factory.mktemp("cal") / "ckpt"
     quantize_checkpoint_calibrated(tiny_fp, dst, str(train_file), progress=False, max_tokens=1024)
@@ -37,7 +37,7 @@ def calibrated(tiny_fp, train_file, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def distilled(tiny_fp, train_file, tmp_path_factory):
-    from ternop import distill
+    from ternop.quant import distill
 
     dst = tmp_path_factory.mktemp("dist") / "ckpt"
     parser = argparse.ArgumentParser()

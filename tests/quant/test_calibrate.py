@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ternop import calibrate
+from ternop.quant import calibrate
 from ternop.format import BLOCK_SIZE, dequantize, validate
 from ternop.quantize import quantize_to_values
 
@@ -93,7 +93,7 @@ def _texts():
 
 
 def test_calibrate_model_closer_to_fp_than_rounding(tiny_fp):
-    from ternop.evaldata import embed_model, load_hf
+    from ternop.cli.evaldata import embed_model, load_hf
     from ternop.modules import quantize_module
 
     texts = _texts()

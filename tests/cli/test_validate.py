@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ternop import validate
+from ternop.cli import validate
 from ternop.checkpoint import load_ternary_layers, quantize_checkpoint
 from tests.models import tiny_bert, tiny_qwen3
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from ternop import distill
+from ternop.quant import distill
 from ternop.format import BLOCK_SIZE, dequantize, validate
 
 
@@ -62,7 +62,7 @@ def _args(base, dst, data, **kw) -> argparse.Namespace:
 
 
 def _cosine_to_teacher(base, ckpt, texts) -> float:
-    from ternop.evaldata import embed_model, load_hf
+    from ternop.cli.evaldata import embed_model, load_hf
     from tests.models import hf_model_from_checkpoint
 
     teacher, tok = load_hf(str(base))

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from ternop import serve
+from ternop.cli import serve
 from tests.models import minilm_dir
 
 MODEL = "minilm-ternary"
@@ -41,7 +41,7 @@ def test_serve_args_after_double_dash_go_to_vllm_last(tmp_path):
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[-4:] == ["--max-num-seqs", "8", "--port", "9999"]  # last wins in vLLM's parser
     assert cmd[cmd.index("--runner") + 1] == "pooling"
-    assert cmd[cmd.index("--middleware") + 1] == "ternop.serve.RequestLimits"
+    assert cmd[cmd.index("--middleware") + 1] == "ternop.cli.serve.RequestLimits"
 
 
 def test_serve_runner_and_context_defaults(tmp_path):
@@ -172,7 +172,7 @@ def _assert_serving(srv):
 @pytest.mark.slow
 def test_serve_embeddings_match_ternary_reference(server):
     """What the server returns is the ternary model's embedding (HF model on TernaryLinear layers)."""
-    from ternop.evaluate import embed_hf_model
+    from ternop.cli.evaluate import embed_hf_model
 
     texts = ["A ternary weight is one of -1, 0, +1.", "The cat sat on the mat."]
     status, body = _embed(server, texts)

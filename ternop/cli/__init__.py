@@ -12,11 +12,11 @@ import importlib
 import sys
 
 COMMANDS = {
-    "quantize": ("ternop.checkpoint", "quantize an HF model folder into a ternary v1 checkpoint"),
-    "validate": ("ternop.validate", "check a ternary checkpoint: codes, device load, TP shards"),
-    "eval": ("ternop.evaluate", "compare a ternary model's quality and memory against its base"),
-    "serve": ("ternop.serve", "serve a ternary checkpoint with vLLM's OpenAI-compatible server"),
-    "distill": ("ternop.distill", "quantization-aware distillation of an embedding model"),
+    "quantize": ("ternop.checkpoint.writer", "quantize an HF model folder into a ternary v1 checkpoint"),
+    "validate": ("ternop.cli.validate", "check a ternary checkpoint: codes, device load, TP shards"),
+    "eval": ("ternop.cli.evaluate", "compare a ternary model's quality and memory against its base"),
+    "serve": ("ternop.cli.serve", "serve a ternary checkpoint with vLLM's OpenAI-compatible server"),
+    "distill": ("ternop.quant.distill", "quantization-aware distillation of an embedding model"),
 }
 
 

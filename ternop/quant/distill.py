@@ -61,7 +61,7 @@ class QATLinear(nn.Module):
 
 def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, progress: bool):
     """name -> (values int8 [N, K], scale fp32 [N, K/128]) for the selected linears."""
-    from ternop.calibrate import _target_linears, calibrate_model
+    from ternop.quant.calibrate import _target_linears, calibrate_model
     from ternop.quantize import quantize_to_values
 
     if init == "calibrated":
@@ -99,7 +99,7 @@ def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) -> tuple[torch.Tensor, dict]:
-    from ternop.evaldata import pool
+    from ternop.cli.evaldata import pool
 
     with torch.no_grad():
         th = teacher(**batch).last_hidden_state.float()
@@ -123,7 +123,7 @@ def export(
     """Writes the student as a v1 checkpoint at ``dst`` (replacing it): ternary layers + trained biases/norms."""
     from safetensors import safe_open
 
-    from ternop.calibrate import to_packed
+    from ternop.quant.calibrate import to_packed
     from ternop.checkpoint import _safetensors_files, write_checkpoint
 
     keys, dtypes = set(), {}
@@ -163,10 +163,10 @@ def export(
 
 def _read_data(data: str) -> list[str]:
     if data == "builtin":
-        from ternop.evaldata import training_texts
+        from ternop.cli.evaldata import training_texts
 
         return training_texts()
-    from ternop.calibrate import read_calibration_text
+    from ternop.quant.calibrate import read_calibration_text
 
     return read_calibration_text(data)
 
@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> dict:
     """The whole distillation; returns a summary dict (steps, final loss/cos, seconds)."""
     from tqdm import tqdm
 
-    from ternop.calibrate import _target_linears
-    from ternop.evaldata import load_hf, pooling_mode
+    from ternop.quant.calibrate import _target_linears
+    from ternop.cli.evaldata import load_hf, pooling_mode
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
