@@ -1,12 +1,15 @@
 """The backend registry: which implementation runs one call of ``ternop::linear``.
 
-Each backend answers ``can_implement(x2, weight_packed, weight_scale, bias) -> (ok, reason)``
-for the real, 2-D, contiguous ``x2 [M, K]`` of this call. The first backend in priority
-order that says yes runs. ``TERNOP_BACKEND=<name>`` forces one backend; if it cannot run
-this call, the call fails with its reason instead of silently falling back.
+A call is a ``LinearCall``: the real 2-D ``x [M, K]`` (unit stride along K), the weights,
+the bias, the activation mode and the weight layout. Each backend answers
+``can_implement(call) -> (ok, reason)``; the first backend in priority order that says yes
+runs. ``TERNOP_BACKEND=<name>`` forces one backend; if it cannot run the call, the call
+fails with its reason instead of silently falling back.
 
 The choice is made inside the op at run time, so a graph traced once with a symbolic M
-(as vLLM does) still picks the right kernel for every batch size.
+(as vLLM does) still picks the right kernel for every batch size. The answer depends only
+on the call's ``key`` (device, dtypes, shape, alignment, mode, layout), so it is cached
+per key: a served model pays the walk through the registry once per batch size.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -22,16 +25,53 @@ logger = logging.getLogger("ternop")
 
 ENV_BACKEND = "TERNOP_BACKEND"
 
-CanImplement = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"], "tuple[bool, str]"]
-Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+class LinearCall(NamedTuple):
+    """One call of ternop::linear, as the backends see it.
+
+    x: [M, K] fp16/bf16/fp32 with x.stride(1) == 1 (x.stride(0) may exceed K);
+    weight_packed: uint8 [N, K/4] contiguous, in ``layout`` (ternop.layouts);
+    weight_scale: fp16 [N, K/128] contiguous; bias: [N] in x's dtype (any stride) or None;
+    activation_bits: 16 (x as given) or 8 (x quantized per token to int8).
+    """
+
+    x: torch.Tensor
+    weight_packed: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+    activation_bits: int = 16
+    layout: str = "v1"
+
+    @property
+    def m(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.weight_packed.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.x.shape[1]
+
+    def key(self) -> tuple:
+        """Everything a backend's answer may depend on."""
+        x, w = self.x, self.weight_packed
+        return (
+            x.device, x.dtype, x.shape[0], w.shape[0], x.shape[1], x.stride(0),
+            x.data_ptr() % 16, w.data_ptr() % 16, self.bias is None, self.activation_bits, self.layout,
+        )
+
+
+CanImplement = Callable[[LinearCall], "tuple[bool, str]"]
+Run = Callable[[LinearCall], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One implementation of ternop::linear on 2-D contiguous input.
+    """One implementation of ternop::linear.
 
-    ``run(x2 [M, K], weight_packed uint8 [N, K/4], weight_scale fp16 [N, K/128], bias [N] | None)``
-    returns a new ``[M, N]`` tensor in x2's dtype. Lower ``priority`` is tried first.
+    ``run(call)`` returns a new ``[M, N]`` tensor in x's dtype. Lower ``priority`` is tried first.
     """
 
     name: str
@@ -44,12 +84,22 @@ class Backend:
 _BACKENDS: dict[str, Backend] = {}
 _ORDER: dict[str, list[Backend]] = {}
 _LOGGED: set[tuple[str, str]] = set()
+_CHOICE: dict[tuple, Backend] = {}
 
 
 def register(backend: Backend) -> None:
     """Adds or replaces a backend (registration is idempotent by name)."""
     _BACKENDS[backend.name] = backend
     _ORDER.clear()
+    _CHOICE.clear()
+
+
+def get(name: str) -> Backend:
+    """The registered backend called ``name``; KeyError names the registered ones."""
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"no backend {name!r}; registered: {sorted(_BACKENDS)}") from None
 
 
 def available(device_type: str | None = None) -> list[Backend]:
@@ -63,38 +113,50 @@ def available(device_type: str | None = None) -> list[Backend]:
     return _ORDER[key]
 
 
-def explain(x2: torch.Tensor, weight_packed, weight_scale, bias=None) -> list[tuple[str, bool, str]]:
-    """For each backend of x2's device: (name, ok, reason). For debugging and logs."""
-    return [(b.name, *b.can_implement(x2, weight_packed, weight_scale, bias)) for b in available(x2.device.type)]
+def explain(call: LinearCall) -> list[tuple[str, bool, str]]:
+    """For each backend of x's device: (name, ok, reason). For debugging and logs."""
+    return [(b.name, *b.can_implement(call)) for b in available(call.x.device.type)]
 
 
-def select(x2: torch.Tensor, weight_packed, weight_scale, bias=None) -> Backend:
+def _forced(name: str, call: LinearCall) -> Backend:
+    backend = _BACKENDS.get(name)
+    if backend is None:
+        raise RuntimeError(f"{ENV_BACKEND}={name!r} names no backend; registered: {sorted(_BACKENDS)}")
+    if backend.device_type != call.x.device.type:
+        raise RuntimeError(f"{ENV_BACKEND}={name!r} runs on {backend.device_type}, but x is on {call.x.device}")
+    ok, reason = backend.can_implement(call)
+    if not ok:
+        raise RuntimeError(f"{ENV_BACKEND}={name!r} cannot run this call: {reason}")
+    return backend
+
+
+def select(call: LinearCall) -> Backend:
     """The backend that runs this call. Raises RuntimeError with every rejection reason if none can."""
     forced = os.environ.get(ENV_BACKEND)
     if forced:
-        backend = _BACKENDS.get(forced)
-        if backend is None:
-            raise RuntimeError(
-                f"{ENV_BACKEND}={forced!r} names no backend; registered: {sorted(_BACKENDS)}"
-            )
-        if backend.device_type != x2.device.type:
-            raise RuntimeError(
-                f"{ENV_BACKEND}={forced!r} runs on {backend.device_type}, but x is on {x2.device}"
-            )
-        ok, reason = backend.can_implement(x2, weight_packed, weight_scale, bias)
-        if not ok:
-            raise RuntimeError(f"{ENV_BACKEND}={forced!r} cannot run this call: {reason}")
+        return _forced(forced, call)
+    key = call.key()
+    backend = _CHOICE.get(key)
+    if backend is not None:
         return backend
     reasons = []
-    for backend in available(x2.device.type):
-        ok, reason = backend.can_implement(x2, weight_packed, weight_scale, bias)
+    for backend in available(call.x.device.type):
+        ok, reason = backend.can_implement(call)
         if ok:
+            _CHOICE[key] = backend
             return backend
         reasons.append(f"{backend.name}: {reason}")
         if (backend.name, reason) not in _LOGGED:
             _LOGGED.add((backend.name, reason))
             logger.debug("ternop backend %s not chosen: %s", backend.name, reason)
+    x = call.x
     raise RuntimeError(
-        f"ternop.linear: no backend can run x {tuple(x2.shape)} {x2.dtype} on {x2.device}"
+        f"ternop.linear: no backend can run x {tuple(x.shape)} {x.dtype} on {x.device} "
+        f"(activation_bits={call.activation_bits}, layout={call.layout!r})"
         + ("; " + "; ".join(reasons) if reasons else " (no backend is registered for this device)")
     )
+
+
+def clear_cache() -> None:
+    """Forgets the cached choices (after changing a config table, for example)."""
+    _CHOICE.clear()

@@ -1,7 +1,8 @@
 """CPU reference backend of ternop::linear: unpack a chunk of rows, matmul in fp32.
 
-It is the oracle for every other backend. Memory stays bounded: at most
-``_CHUNK_ELEMS`` weights are dequantized at a time, never the whole [N, K] matrix.
+It is the oracle for every other backend and accepts every layout and activation mode.
+Memory stays bounded: at most ``_CHUNK_ELEMS`` weights are unpacked at a time, never the
+whole [N, K] matrix.
 """
 
 from __future__ import annotations
@@ -9,35 +10,48 @@ from __future__ import annotations
 import torch
 
 from ternop import backends
-from ternop.format import dequantize
+from ternop.activations import block_partials, quantize_rows, weight_values
+from ternop.format import BLOCK_SIZE, dequantize
+from ternop.layouts import to_v1
 
 # 4M fp32 weights = 16 MiB of scratch per chunk, whatever the layer size.
 _CHUNK_ELEMS = 1 << 22
 
 
-def _linear_cpu(
-    x2: torch.Tensor,
-    weight_packed: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    """x2 [M, K] (fp16/bf16/fp32, contiguous) -> [M, N] in x2's dtype; fp32 accumulation."""
-    m, k = x2.shape
-    n = weight_packed.shape[0]
-    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+def _linear_a16(call: backends.LinearCall, out: torch.Tensor) -> None:
+    x2, packed, scale, bias = call.x, call.weight_packed, call.weight_scale, call.bias
     xf = x2.to(torch.float32)
-    rows = max(1, _CHUNK_ELEMS // k)
-    for n0 in range(0, n, rows):
-        n1 = min(n, n0 + rows)
-        w = dequantize(weight_packed[n0:n1], weight_scale[n0:n1], torch.float32)
-        acc = xf @ w.t()
+    rows = max(1, _CHUNK_ELEMS // call.k)
+    for n0 in range(0, call.n, rows):
+        n1 = min(call.n, n0 + rows)
+        chunk = packed[n0:n1] if call.layout == "v1" else to_v1(packed[n0:n1], call.layout)
+        acc = xf @ dequantize(chunk, scale[n0:n1], torch.float32).t()
         if bias is not None:
             acc += bias[n0:n1].to(torch.float32)
         out[:, n0:n1] = acc
+
+
+def _linear_a8(call: backends.LinearCall, out: torch.Tensor) -> None:
+    q, sx = quantize_rows(call.x)
+    nb = call.k // BLOCK_SIZE
+    rows = max(1, _CHUNK_ELEMS // (call.k + call.m * nb))
+    for n0 in range(0, call.n, rows):
+        n1 = min(call.n, n0 + rows)
+        p = block_partials(q, weight_values(call.weight_packed[n0:n1], call.layout))  # [M, n, B]
+        acc = (p.to(torch.float32) * call.weight_scale[n0:n1].to(torch.float32)).sum(dim=2) * sx[:, None]
+        if call.bias is not None:
+            acc += call.bias[n0:n1].to(torch.float32)
+        out[:, n0:n1] = acc
+
+
+def _linear_cpu(call: backends.LinearCall) -> torch.Tensor:
+    """x [M, K] (fp16/bf16/fp32) -> [M, N] in x's dtype; fp32 accumulation (int32 per block for A8)."""
+    out = torch.empty((call.m, call.n), dtype=call.x.dtype, device=call.x.device)
+    (_linear_a8 if call.activation_bits == 8 else _linear_a16)(call, out)
     return out
 
 
-def _can_implement(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
+def _can_implement(call: backends.LinearCall) -> tuple[bool, str]:
     return True, ""
 
 

@@ -1,14 +1,18 @@
 """``torch.ops.ternop.linear``: the schema, the public entry point, and dispatch.
 
-    ternop::linear(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
+    ternop::linear(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
+                   int activation_bits=16, str layout="v1") -> Tensor
 
-x [..., K] float16/bfloat16/float32 (any strides), weight_packed uint8 [N, K/4],
-weight_scale float16 [N, K/128], bias [N] in x's dtype or None -> a new [..., N] tensor
-in x's dtype, accumulated in fp32. The op is functional (it mutates nothing) and
-inference-only: it has no backward.
+x [..., K] float16/bfloat16/float32 (any strides), weight_packed uint8 [N, K/4] in
+``layout`` (``ternop.layouts``: "v1" is the checkpoint format, "a16"/"a8" the kernel
+layouts), weight_scale float16 [N, K/128], bias [N] in x's dtype or None -> a new
+[..., N] tensor in x's dtype. ``activation_bits=16`` uses x as given and accumulates in
+fp32; ``activation_bits=8`` quantizes x per token to int8 and accumulates int32 per
+128-block (``ternop.activations`` is its spec). The op is functional (it mutates
+nothing) and inference-only: it has no backward.
 
-Every device runs the same entry: check, reshape x to a contiguous [M, K], pick a
-backend from the registry for this M, reshape the result back.
+Every device runs the same entry: check, view x as [M, K] (copying only when K is not its
+unit-stride dimension), pick a backend from the registry for this call, view the result back.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import torch
 from ternop import backends
 from ternop.meta import check_linear_inputs, linear_fake
 
-SCHEMA = "(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
+SCHEMA = (
+    "(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, "
+    "int activation_bits=16, str layout=\"v1\") -> Tensor"
+)
 QUALNAME = "ternop::linear"
 
 _lib = torch.library.Library("ternop", "DEF")
@@ -41,17 +48,23 @@ def _linear_impl(
     weight_packed: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    activation_bits: int = 16,
+    layout: str = "v1",
 ) -> torch.Tensor:
-    n, k = check_linear_inputs(x, weight_packed, weight_scale, bias)
+    n, k = check_linear_inputs(x, weight_packed, weight_scale, bias, activation_bits, layout)
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_empty((*lead, n))
+    # Kernels take any row stride; K must be the unit-stride dimension and rows may not overlap.
+    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < k):
+        x2 = x2.contiguous()
     if x2.device.type == "cuda":
         _load_cuda_backends()
-    backend = backends.select(x2, weight_packed, weight_scale, bias)
-    out = backend.run(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias)
-    return out.view(*lead, n)
+    call = backends.LinearCall(
+        x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout
+    )
+    return backends.select(call).run(call).view(*lead, n)
 
 
 _lib.impl("linear", _linear_impl, "CPU")
@@ -75,13 +88,17 @@ def ternary_linear(
     weight_packed: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    activation_bits: int = 16,
+    layout: str = "v1",
 ) -> torch.Tensor:
     """y = x @ dequantize(weight_packed, weight_scale).T + bias, via ``torch.ops.ternop.linear``.
 
-    x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4];
-    weight_scale: float16 [N, K/128]; bias: [N] in x's dtype or None. Returns [..., N] in x's dtype.
+    x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4] in ``layout``
+    (see ``ternop.layouts``; "v1" is the checkpoint format); weight_scale: float16 [N, K/128];
+    bias: [N] in x's dtype or None. ``activation_bits=8`` quantizes x per token to int8
+    first (see ``ternop.activations``). Returns [..., N] in x's dtype.
     """
-    return torch.ops.ternop.linear(x, weight_packed, weight_scale, bias)
+    return torch.ops.ternop.linear(x, weight_packed, weight_scale, bias, activation_bits, layout)
 
 
 linear = ternary_linear

@@ -1,11 +1,12 @@
 """Static kernel configurations: per GPU architecture, M buckets -> kernel config.
 
-There is no run-time autotuning (it would sync, and it is not capture-safe). The tables
-were picked offline with ``benchmarks/bench_linear.py --sweep`` on an H200 (sm90); other
+There is no run-time autotuning (it would sync, and it is not capture-safe). The sm90
+tables were picked offline with ``benchmarks/bench_linear.py --sweep`` on an H200; other
 architectures fall back to conservative configs that compile everywhere.
 
-A backend serves an M only if one of its buckets covers it; the registry asks backends in
-priority order, so these tables also decide which backend runs for each M.
+A backend serves an M only if one of its buckets covers it and M is at least its floor
+(``MIN_M``); the registry asks backends in priority order, so these tables also decide
+which backend runs for each M.
 """
 
 from __future__ import annotations
@@ -27,13 +28,31 @@ class GemvConfig:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Triton tensor-core GEMM tile; BLOCK_K is fixed at one 128-wide scale block."""
+    """Triton tensor-core GEMM tile (format v1, any float x); BLOCK_K is one 128-wide scale block."""
 
     block_m: int
     block_n: int
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """Tile of the fused kernels (``triton_fused.py``): BLOCK_M tokens x BLOCK_N weight rows.
+
+    ``swap`` (fp16/bf16 kernel only; the int8 kernel always swaps) computes out^T = W @ x^T
+    (weight rows on the MMA's 64-row side). ``max_split_k``
+    bounds split-K, which the launcher uses only when the tiles alone cannot fill the GPU.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 3
+    swap: bool = False
+    max_split_k: int = 1
+    group_m: int = 8
 
 
 @dataclass(frozen=True)
@@ -61,24 +80,37 @@ Table = dict[str, list[tuple[int, object]]]
 _BIG = 1 << 62
 
 # Picked from benchmarks/results/h200/bench_linear.json (every backend at every M) and
-# kernels_sweep.log (Triton tile candidates), both measured on the H200:
+# kernels_sweep.log (tile candidates), both measured on the H200:
 # - cuda_mma (tensor cores) is first for M <= 16: at M = 1 it beat cuda_gemv on six of the
 #   eight shapes (13.2 us against 16.7 us on 4096x14336) and lost on two small ones by 5-10%;
 #   at M = 2..16 it beat every other backend on every shape.
-# - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x); its FMAs grow
-#   with M (an earlier run: 125 us at M = 8 on 4096x14336, against the GEMM's 43 us).
-# - triton_gemv lost to the GEMM at every M (78 us at M = 1 on 4096x14336), so it ranks
-#   last and only runs when forced or when the GEMM cannot.
-# - dequant_cublas (one dequantization pass, then cuBLAS) beats the in-GEMM decode from
-#   M = 64 on most shapes; see MIN_M and FUSED_OVER_DEQUANT.
+# - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
+# - triton_a16 / triton_a8: the fused kernels, every M above cuda_mma's range (see
+#   docs/KERNELS.md for the sweep that chose each tile).
+# - dequant_cublas (one dequantization pass, then cuBLAS) only where it still wins: large M.
+# - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
+#   after the fused kernels and run for what those decline.
 SM90: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
+    "triton_a16": [
+        (16, FusedConfig(16, 128, num_warps=4, num_stages=4)),
+        (32, FusedConfig(32, 128, num_warps=4, num_stages=4, max_split_k=4)),
+        (64, FusedConfig(64, 128, num_warps=4, num_stages=3, max_split_k=4)),
+        (128, FusedConfig(128, 128, num_warps=4, num_stages=3, max_split_k=2)),
+        (_BIG, FusedConfig(128, 128, num_warps=8, num_stages=3)),
+    ],
+    "triton_a8": [
+        (16, FusedConfig(16, 128, num_warps=4, num_stages=4, max_split_k=4)),
+        (32, FusedConfig(32, 128, num_warps=4, num_stages=4, max_split_k=4)),
+        (64, FusedConfig(64, 128, num_warps=4, num_stages=3, max_split_k=4)),
+        (128, FusedConfig(128, 64, num_warps=4, num_stages=3, max_split_k=2)),
+        (_BIG, FusedConfig(128, 128, num_warps=8, num_stages=3)),
+    ],
     "triton_gemv": [(4, GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=2))],
     "triton_gemm": [
         (16, GemmConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)),
         (32, GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)),
-        (64, GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
         (256, GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
         (_BIG, GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
     ],
@@ -88,6 +120,16 @@ SM90: Table = {
 DEFAULT: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_gemv": [(8, CudaGemvConfig())],
+    "triton_a16": [
+        (16, FusedConfig(16, 64, num_warps=4, num_stages=2)),
+        (64, FusedConfig(64, 64, num_warps=4, num_stages=2)),
+        (_BIG, FusedConfig(128, 64, num_warps=4, num_stages=2)),
+    ],
+    "triton_a8": [
+        (16, FusedConfig(16, 64, num_warps=4, num_stages=2)),
+        (64, FusedConfig(64, 64, num_warps=4, num_stages=2)),
+        (_BIG, FusedConfig(64, 128, num_warps=4, num_stages=2)),
+    ],
     "triton_gemv": [(4, GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=2))],
     "triton_gemm": [
         (16, GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)),
@@ -100,26 +142,30 @@ DEFAULT: Table = {
 TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
-MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 64, "default": 256}}
-
-# arch -> (largest M, smallest N): layers at least that wide, at up to that M, run the fused
-# GEMM instead of dequantize-then-cuBLAS (which writes a dense copy of the whole weight first).
-# From two bench_linear runs on the H200 (speed-up over cuBLAS, fused vs dequant):
-# 4096->14336 at M = 64: 0.73x / 0.76x vs 0.46x / 0.47x, at M = 128: 0.52x / 0.53x vs 0.47x / 0.48x;
-# 4096->28672 at M = 64: 0.90x / 0.91x vs 0.44x / 0.44x, at M = 128: 0.49x / 0.51x vs 0.45x / 0.46x.
-# Every narrower shape measured favours dequantizing there (4096->4096 at M = 64: 0.25x vs
-# 0.63x), and at M = 512 every shape does.
-FUSED_OVER_DEQUANT: dict[str, tuple[int, int]] = {"sm90": (128, 14336)}
+MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 4096, "default": 256}}
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
+_SM_COUNT_CACHE: dict[int, int] = {}
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def device_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) of the device. Cached per device index (no per-call driver query)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     if index not in _CAPABILITY_CACHE:
         _CAPABILITY_CACHE[index] = torch.cuda.get_device_capability(index)
     return _CAPABILITY_CACHE[index]
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of the device, cached per device index."""
+    index = _index(device)
+    if index not in _SM_COUNT_CACHE:
+        _SM_COUNT_CACHE[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT_CACHE[index]
 
 
 def arch_key(device: torch.device) -> str:
@@ -133,10 +179,13 @@ def min_m(backend: str, device: torch.device) -> int:
     return MIN_M.get(backend, {}).get(arch_key(device), 1)
 
 
-def fused_beats_dequant(m: int, n: int, device: torch.device) -> bool:
-    """Whether an [M, K] x [N, K] layer should skip dequantize-then-cuBLAS for the fused GEMM."""
-    rule = FUSED_OVER_DEQUANT.get(arch_key(device))
-    return rule is not None and m <= rule[0] and n >= rule[1]
+def split_k(tiles: int, k_blocks: int, sms: int, max_split: int) -> int:
+    """How many K slices a launch of ``tiles`` output tiles uses: 1 unless the tiles leave more
+    than half the multiprocessors idle; then enough slices to fill them, each at least four
+    scale blocks long, and at most ``max_split``."""
+    if max_split <= 1 or 2 * tiles > sms:
+        return 1
+    return max(1, min(max_split, sms // tiles, k_blocks // 4))
 
 
 def lookup(backend: str, m: int, device: torch.device, forced: bool = False) -> tuple[object | None, str]:

@@ -1,12 +1,21 @@
 """The CUDA backends of ternop::linear and their ``can_implement`` answers.
 
-Order (lower priority first): ``cuda_mma`` (CUDA C++ on tensor cores, M <= 16, fp16/bf16
-x), ``cuda_gemv`` (CUDA C++ on CUDA cores, small M), ``dequant_cublas``
-(large M: Triton dequantization, then cuBLAS), ``triton_gemm`` (tensor cores, every M),
-``triton_gemv`` (CUDA cores, small M; last because the GEMM beat it at every measured M,
-so it runs only when forced). Which M each one takes comes from the static
-per-architecture table in ``ternop.cuda.configs``; the choice is made per call from the
-real M, so one compiled graph serves every batch size.
+Order (lower priority first):
+
+| backend | what | activations | layouts |
+|---|---|---|---|
+| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1 |
+| ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
+| ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
+| ``dequant_cublas`` | Triton dequantization, then cuBLAS; M from its floor up | fp16/bf16/fp32 | all |
+| ``triton_a16`` | fused Triton GEMM, every M above cuda_mma's | fp16/bf16 | all |
+| ``triton_gemm`` / ``triton_gemv`` | the first Triton kernels | fp16/bf16/fp32 | v1 |
+| ``dequant_any`` | dequantize-then-cuBLAS for what nothing else takes (fp32 x in a kernel layout) | any | all |
+
+Which M each one takes comes from the static per-architecture table in
+``ternop.cuda.configs``; the choice is made per call from the real M, so one compiled graph
+serves every batch size. Activations of 8 bits only ever run on ``triton_a8``: no backend
+falls back to another numeric path.
 """
 
 from __future__ import annotations
@@ -18,144 +27,223 @@ import torch
 from ternop import backends
 from ternop.cuda import configs
 
-_triton: dict[str, object] = {}
+_modules: dict[str, tuple[object, str]] = {}
 
 # The CUDA C++ kernels are instantiated for 1 <= M <= 8 (ternary_gemv.cu) and 1 <= M <= 16
 # (ternary_mma.cu, fp16/bf16 x only, mma.sync m16n8k16 needs sm_80).
 CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
-CUDA_MMA_MIN_CAPABILITY = (8, 0)
-
+TENSOR_CORE_MIN_CAPABILITY = (8, 0)
+FLOAT16 = (torch.float16, torch.bfloat16)
 
 
 def _forced(name: str) -> bool:
     return os.environ.get(backends.ENV_BACKEND) == name
 
 
-def _triton_ops():
-    """The triton_op module, imported on first use; (module or None, reason)."""
-    if "mod" not in _triton:
+def _module(name: str):
+    """(module or None, reason): the Triton modules are imported on first use."""
+    if name not in _modules:
         try:
-            from ternop.cuda import triton_ops
-
-            _triton["mod"], _triton["why"] = triton_ops, ""
+            if name == "launch_triton":
+                from ternop.cuda import launch_triton as mod
+            else:
+                from ternop.cuda import launch_fused as mod
+            _modules[name] = (mod, "")
         except Exception as exc:  # triton missing or too old
-            _triton["mod"], _triton["why"] = None, f"triton unavailable: {type(exc).__name__}: {exc}"
-    return _triton["mod"], _triton["why"]
+            _modules[name] = (None, f"triton unavailable: {type(exc).__name__}: {exc}")
+    return _modules[name]
 
 
-def _common(x2: torch.Tensor, weight_packed: torch.Tensor) -> str:
-    if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return f"x dtype {x2.dtype} is not float16/bfloat16/float32"
+def _common(call: backends.LinearCall) -> str:
+    if call.x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"x dtype {call.x.dtype} is not float16/bfloat16/float32"
     # The Triton kernels read weight_packed as int32 words.
-    if weight_packed.data_ptr() % 4:
+    if call.weight_packed.data_ptr() % 4:
         return "weight_packed must be 4-byte aligned"
-    if x2.shape[1] >= 1 << 31 or weight_packed.shape[0] >= 1 << 31:
+    if call.k >= 1 << 31 or call.n >= 1 << 31:
         return "N and K must fit in int32"
     return ""
 
 
-def _can_triton(name: str):
-    def can_implement(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
-        mod, why = _triton_ops()
-        if mod is None:
-            return False, why
-        why = _common(x2, weight_packed)
+def _tensor_cores(call: backends.LinearCall, what: str) -> str:
+    capability = configs.device_capability(call.x.device)
+    if capability < TENSOR_CORE_MIN_CAPABILITY:
+        return f"{what} needs sm_80 or newer, this GPU is sm_{capability[0]}{capability[1]}"
+    return ""
+
+
+def _a16_only(call: backends.LinearCall) -> str:
+    if call.activation_bits != 16:
+        return f"activation_bits={call.activation_bits}: this backend runs 16-bit activations only"
+    return ""
+
+
+def _v1_only(call: backends.LinearCall) -> str:
+    if call.layout != "v1":
+        return f"layout {call.layout!r}: this backend reads format v1 only"
+    return ""
+
+
+# --- the fused Triton kernels -----------------------------------------------------------------
+
+
+def _can_fused(name: str, bits: int):
+    def can_implement(call: backends.LinearCall) -> tuple[bool, str]:
+        if call.activation_bits != bits:
+            return False, f"activation_bits={call.activation_bits}: this backend runs {bits}-bit activations"
+        if bits == 16 and call.x.dtype not in FLOAT16:
+            return False, f"x dtype {call.x.dtype} is not float16/bfloat16"
+        why = _common(call) or _tensor_cores(call, "int8 tensor cores" if bits == 8 else "the fused GEMM")
         if why:
             return False, why
-        config, why = configs.lookup(name, x2.shape[0], x2.device, _forced(name))
+        mod, why = _module("launch_fused")
+        if mod is None:
+            return False, why
+        config, why = configs.lookup(name, call.m, call.x.device, _forced(name))
         return config is not None, why
 
     return can_implement
 
 
-def _can_dequant_cublas(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
-    ok, why = _can_triton("dequant_cublas")(x2, weight_packed, weight_scale, bias)
-    if not ok:
+def _run_triton_a16(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("triton_a16", call.m, call.x.device, True)
+    mod, _ = _module("launch_fused")
+    return mod.linear_a16(call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config)
+
+
+def _run_triton_a8(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("triton_a8", call.m, call.x.device, True)
+    mod, _ = _module("launch_fused")
+    return mod.linear_a8(call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config)
+
+
+# --- dequantize, then cuBLAS --------------------------------------------------------------------
+
+
+def _can_dequant_any(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a16_only(call) or _common(call)
+    if why:
+        return False, why
+    mod, why = _module("launch_triton")
+    return (mod is not None), why
+
+
+def _can_dequant_cublas(call: backends.LinearCall) -> tuple[bool, str]:
+    ok, why = _can_dequant_any(call)
+    if not ok or _forced("dequant_cublas"):
         return ok, why
-    if _forced("dequant_cublas"):
-        return True, ""
-    m, n = x2.shape[0], weight_packed.shape[0]
-    floor = configs.min_m("dequant_cublas", x2.device)
-    if m < floor:
-        return False, f"M={m} is below M={floor}, where dequantizing first starts to pay"
-    if configs.fused_beats_dequant(m, n, x2.device):
-        return False, f"M={m}, N={n}: the fused GEMM is faster for a layer this wide at this M"
+    floor = configs.min_m("dequant_cublas", call.x.device)
+    if call.m < floor:
+        return False, f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
     return True, ""
 
 
-def _run_dequant_cublas(x2, weight_packed, weight_scale, bias):
-    config, _ = configs.lookup("dequant_cublas", x2.shape[0], x2.device, True)
-    mod, _ = _triton_ops()
-    return mod.linear_dequant_cublas(x2, weight_packed, weight_scale, bias, config.block_n, config.block_k)
-
-
-def _run_triton_gemv(x2, weight_packed, weight_scale, bias):
-    config, _ = configs.lookup("triton_gemv", x2.shape[0], x2.device, True)
-    return torch.ops.ternop._linear_triton_gemv(
-        x2, weight_packed, weight_scale, bias, config.block_n, config.block_k, config.num_warps, config.num_stages
+def _run_dequant(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("dequant_cublas", call.m, call.x.device, True)
+    mod, _ = _module("launch_triton")
+    return mod.linear_dequant_cublas(
+        call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config.block_n, config.block_k
     )
 
 
-def _run_triton_gemm(x2, weight_packed, weight_scale, bias):
-    config, _ = configs.lookup("triton_gemm", x2.shape[0], x2.device, True)
-    return torch.ops.ternop._linear_triton_gemm(
-        x2, weight_packed, weight_scale, bias,
+# --- the first Triton kernels (format v1) -------------------------------------------------------
+
+
+def _can_triton_v1(name: str):
+    def can_implement(call: backends.LinearCall) -> tuple[bool, str]:
+        why = _a16_only(call) or _v1_only(call) or _common(call)
+        if why:
+            return False, why
+        mod, why = _module("launch_triton")
+        if mod is None:
+            return False, why
+        config, why = configs.lookup(name, call.m, call.x.device, _forced(name))
+        return config is not None, why
+
+    return can_implement
+
+
+def _run_triton_gemv(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("triton_gemv", call.m, call.x.device, True)
+    mod, _ = _module("launch_triton")
+    return mod.launch_gemv(
+        mod.ternary_gemv_kernel, call.x, call.weight_packed, call.weight_scale, call.bias,
+        config.block_n, config.block_k, config.num_warps, config.num_stages,
+    )
+
+
+def _run_triton_gemm(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("triton_gemm", call.m, call.x.device, True)
+    mod, _ = _module("launch_triton")
+    return mod.launch_gemm(
+        mod.ternary_gemm_kernel, call.x, call.weight_packed, call.weight_scale, call.bias,
         config.block_m, config.block_n, config.group_m, config.num_warps, config.num_stages,
     )
 
 
-def _can_cuda_gemv(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
-    if x2.shape[0] > CUDA_GEMV_MAX_M:
-        return False, f"M={x2.shape[0]} is above the kernel's M <= {CUDA_GEMV_MAX_M}"
-    config, why = configs.lookup("cuda_gemv", x2.shape[0], x2.device, _forced("cuda_gemv"))
-    if config is None:
-        return False, why
-    return _cuda_ext_ready(x2, weight_packed)
+# --- the CUDA C++ kernels ---------------------------------------------------------------------
 
 
-def _cuda_ext_ready(x2, weight_packed) -> tuple[bool, str]:
+def _cuda_ext_ready(call: backends.LinearCall) -> tuple[bool, str]:
     """Checks shared by the C++ kernels: common layout, 16-byte alignment, extension built."""
-    why = _common(x2, weight_packed)
+    why = _a16_only(call) or _v1_only(call) or _common(call)
     if why:
         return False, why
     # 16-byte vector loads; x can be a view at an odd offset (e.g. a slice of a fused output).
-    if weight_packed.data_ptr() % 16 or x2.data_ptr() % 16:
-        return False, "x and weight_packed must be 16-byte aligned"
+    if call.weight_packed.data_ptr() % 16 or call.x.data_ptr() % 16 or call.x.stride(0) % 8:
+        return False, "x (rows included) and weight_packed must be 16-byte aligned"
     from ternop.cuda import cuda_ext
 
     ok, why = cuda_ext.load()
     return ok, why if ok else f"extension not built: {why}"
 
 
-def _run_cuda_gemv(x2, weight_packed, weight_scale, bias):
-    return torch.ops.ternop.linear_cuda(x2, weight_packed, weight_scale, bias)
-
-
-def _can_cuda_mma(x2, weight_packed, weight_scale, bias) -> tuple[bool, str]:
-    if x2.dtype not in (torch.float16, torch.bfloat16):
-        return False, f"x dtype {x2.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
-    if x2.shape[0] > CUDA_MMA_MAX_M:
-        return False, f"M={x2.shape[0]} is above the kernel's M <= {CUDA_MMA_MAX_M}"
-    config, why = configs.lookup("cuda_mma", x2.shape[0], x2.device, _forced("cuda_mma"))
+def _can_cuda_gemv(call: backends.LinearCall) -> tuple[bool, str]:
+    if call.m > CUDA_GEMV_MAX_M:
+        return False, f"M={call.m} is above the kernel's M <= {CUDA_GEMV_MAX_M}"
+    config, why = configs.lookup("cuda_gemv", call.m, call.x.device, _forced("cuda_gemv"))
     if config is None:
         return False, why
-    capability = configs.device_capability(x2.device)
-    if capability < CUDA_MMA_MIN_CAPABILITY:
-        return False, f"mma.sync m16n8k16 needs sm_80 or newer, this GPU is sm_{capability[0]}{capability[1]}"
-    return _cuda_ext_ready(x2, weight_packed)
+    return _cuda_ext_ready(call)
 
 
-def _run_cuda_mma(x2, weight_packed, weight_scale, bias):
-    return torch.ops.ternop.linear_cuda_mma(x2, weight_packed, weight_scale, bias)
+def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
+    if call.x.dtype not in FLOAT16:
+        return False, f"x dtype {call.x.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
+    if call.m > CUDA_MMA_MAX_M:
+        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
+    config, why = configs.lookup("cuda_mma", call.m, call.x.device, _forced("cuda_mma"))
+    if config is None:
+        return False, why
+    why = _tensor_cores(call, "mma.sync m16n8k16")
+    if why:
+        return False, why
+    return _cuda_ext_ready(call)
+
+
+def _contiguous(call: backends.LinearCall):
+    bias = call.bias.contiguous() if call.bias is not None else None
+    return call.x.contiguous(), call.weight_packed, call.weight_scale, bias
+
+
+def _run_cuda_gemv(call: backends.LinearCall) -> torch.Tensor:
+    return torch.ops.ternop.linear_cuda(*_contiguous(call))
+
+
+def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
+    return torch.ops.ternop.linear_cuda_mma(*_contiguous(call))
 
 
 BACKENDS = (
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
-    backends.Backend("triton_gemv", "cuda", 40, _can_triton("triton_gemv"), _run_triton_gemv),
-    backends.Backend("dequant_cublas", "cuda", 25, _can_dequant_cublas, _run_dequant_cublas),
-    backends.Backend("triton_gemm", "cuda", 30, _can_triton("triton_gemm"), _run_triton_gemm),
+    backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),
+    backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16),
+    backends.Backend("dequant_cublas", "cuda", 18, _can_dequant_cublas, _run_dequant),
+    backends.Backend("triton_gemm", "cuda", 30, _can_triton_v1("triton_gemm"), _run_triton_gemm),
+    backends.Backend("triton_gemv", "cuda", 40, _can_triton_v1("triton_gemv"), _run_triton_gemv),
+    backends.Backend("dequant_any", "cuda", 90, _can_dequant_any, _run_dequant),
 )
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ternop.cuda.triton_decode import values_plain
+
 # 2^23 as fp32 bits: OR-ing an integer i < 2^23 into the mantissa gives the float 2^23 + i.
 _MAGIC = tl.constexpr(0x4B000000)
 _MAGIC_PLUS_2 = tl.constexpr(8388610.0)
@@ -62,7 +64,7 @@ def _values(fields):
 def ternary_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
     N, K,
-    stride_xm, stride_wn, stride_sn, stride_om,
+    stride_xm, stride_wn, stride_sn, stride_b, stride_om,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -73,17 +75,18 @@ def ternary_gemv_kernel(
     BLOCK_K is a multiple of 128; K is masked, so any multiple of 128 works.
     """
     pid_n = tl.program_id(0)
-    m = tl.program_id(1)
+    m = tl.program_id(1).to(tl.int64)
     WORDS: tl.constexpr = BLOCK_K // 16
     BLOCKS: tl.constexpr = BLOCK_K // 128
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
+    rows = offs_n.to(tl.int64)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_w = k0 // 16 + tl.arange(0, WORDS)
         mask_w = offs_w < K // 16
         words = tl.load(
-            w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :],
+            w_ptr + rows[:, None] * stride_wn + offs_w[None, :],
             mask=mask_n[:, None] & mask_w[None, :],
             other=0,
             eviction_policy="evict_first",
@@ -95,13 +98,13 @@ def ternary_gemv_kernel(
         part = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCKS, 128)), axis=2)  # [BLOCK_N, BLOCKS]
         offs_b = k0 // 128 + tl.arange(0, BLOCKS)
         scale = tl.load(
-            s_ptr + offs_n[:, None] * stride_sn + offs_b[None, :],
+            s_ptr + rows[:, None] * stride_sn + offs_b[None, :],
             mask=mask_n[:, None] & (offs_b[None, :] < K // 128),
             other=0.0,
         ).to(tl.float32)
         acc += tl.sum(part * scale, axis=1)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        acc += tl.load(b_ptr + rows * stride_b, mask=mask_n, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
@@ -109,7 +112,7 @@ def ternary_gemv_kernel(
 def ternary_gemm_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
     M, N, K,
-    stride_xm, stride_wn, stride_sn, stride_om,
+    stride_xm, stride_wn, stride_sn, stride_b, stride_om,
     HAS_BIAS: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -137,9 +140,10 @@ def ternary_gemm_kernel(
     mask_n = offs_n < N
     offs_kx = tl.arange(0, 128)
     offs_kw = tl.arange(0, 8)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_kx[None, :]
-    w_ptrs = w_ptr + offs_kw[:, None] + offs_n[None, :] * stride_wn
-    s_ptrs = s_ptr + offs_n * stride_sn
+    # 64-bit row offsets: M * K and N * K may pass 2^31 elements.
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_kx[None, :]
+    w_ptrs = w_ptr + offs_kw[:, None] + offs_n.to(tl.int64)[None, :] * stride_wn
+    s_ptrs = s_ptr + offs_n.to(tl.int64) * stride_sn
     dtype = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, K // 128):
@@ -162,8 +166,8 @@ def ternary_gemm_kernel(
         w_ptrs += 8
         s_ptrs += 1
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        acc += tl.load(b_ptr + offs_n.to(tl.int64) * stride_b, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -172,36 +176,43 @@ def ternary_dequant_kernel(
     w_ptr, s_ptr, out_ptr,
     N, K,
     stride_wn, stride_sn, stride_on,
+    LAYOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """out [N, K] = value * scale, formed in fp32 and cast to out's dtype (as ternop.dequantize).
 
-    w int32 [N, K/16]; s fp16 [N, K/128]; BLOCK_K a multiple of 128; K is masked.
+    w int32 [N, K/16] in layout LAYOUT (0 = "v1", 1 = "a16", 2 = "a8"); s fp16 [N, K/128];
+    BLOCK_K a multiple of 128; K is masked.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WORDS: tl.constexpr = BLOCK_K // 16
     BLOCKS: tl.constexpr = BLOCK_K // 128
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = offs_n.to(tl.int64)
     offs_w = pid_k * WORDS + tl.arange(0, WORDS)
     mask_n = offs_n < N
     words = tl.load(
-        w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :],
+        w_ptr + rows[:, None] * stride_wn + offs_w[None, :],
         mask=mask_n[:, None] & (offs_w[None, :] < K // 16),
         other=0,
     )
-    v = tl.reshape(_values(_fields_last(words)), (BLOCK_N, BLOCKS, 128))
+    if LAYOUT == 0:
+        v = _values(_fields_last(words))
+    else:
+        v = values_plain(words, LAYOUT, BLOCK_N * WORDS // 8).to(tl.float32)
+    v = tl.reshape(v, (BLOCK_N, BLOCKS, 128))
     offs_b = pid_k * BLOCKS + tl.arange(0, BLOCKS)
     scale = tl.load(
-        s_ptr + offs_n[:, None] * stride_sn + offs_b[None, :],
+        s_ptr + rows[:, None] * stride_sn + offs_b[None, :],
         mask=mask_n[:, None] & (offs_b[None, :] < K // 128),
         other=0.0,
     ).to(tl.float32)
     w = tl.reshape(v * scale[:, :, None], (BLOCK_N, BLOCK_K))
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(
-        out_ptr + offs_n[:, None] * stride_on + offs_k[None, :],
+        out_ptr + rows[:, None] * stride_on + offs_k[None, :],
         w.to(out_ptr.dtype.element_ty),
         mask=mask_n[:, None] & (offs_k[None, :] < K),
     )

@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE
+from ternop.layouts import LAYOUTS
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ACTIVATION_BITS = (16, 8)
 
 
 def check_linear_inputs(
@@ -18,12 +20,23 @@ def check_linear_inputs(
     weight_packed: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
+    activation_bits: int = 16,
+    layout: str = "v1",
 ) -> tuple[int, int]:
     """Checks the arguments of ``ternop::linear`` and returns (N, K).
 
-    x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4];
-    weight_scale: float16 [N, K/128]; bias: [N] in x's dtype, or None.
+    x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4] in ``layout``;
+    weight_scale: float16 [N, K/128]; bias: [N] in x's dtype, or None;
+    activation_bits: 16 or 8; layout: one of ternop.layouts.LAYOUTS.
     """
+    torch._check(
+        activation_bits in ACTIVATION_BITS,
+        lambda: f"ternop.linear: activation_bits must be 16 or 8, got {activation_bits}",
+    )
+    torch._check(
+        layout in LAYOUTS,
+        lambda: f"ternop.linear: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}",
+    )
     torch._check(
         x.dtype in X_DTYPES,
         lambda: f"ternop.linear: x must be float16, bfloat16 or float32, got {x.dtype}",
@@ -92,7 +105,9 @@ def linear_fake(
     weight_packed: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    activation_bits: int = 16,
+    layout: str = "v1",
 ) -> torch.Tensor:
     """Mirrors the real allocation: a new contiguous [..., N] tensor in x's dtype."""
-    n, _ = check_linear_inputs(x, weight_packed, weight_scale, bias)
+    n, _ = check_linear_inputs(x, weight_packed, weight_scale, bias, activation_bits, layout)
     return x.new_empty((*x.shape[:-1], n))

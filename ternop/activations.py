@@ -1,0 +1,51 @@
+"""W2A8: per-token int8 activations. This docstring is the spec of ``activation_bits=8``.
+
+For each row (token) m of x [M, K]:
+
+    amax[m]  = max_k |x[m, k]|                      (in fp32)
+    inv[m]   = 127 / amax[m]   (fp32, IEEE division; 0 when amax[m] = 0)
+    q[m, k]  = round_half_even(fp32(x[m, k]) * inv[m]), clamped to [-127, 127]   (int8)
+    s_x[m]   = amax[m] / 127   (fp32, IEEE division)
+
+The product runs per 128-block b in integers and is scaled in fp32:
+
+    P[m, n, b] = sum_{k in block b} q[m, k] * v[n, k]                (int32, exact)
+    y[m, n]    = s_x[m] * sum_b fp32(P[m, n, b]) * fp32(scale[n, b])  (+ bias[n])
+
+and y is rounded once to x's dtype. |P| <= 127 * 128, so every P is exact in fp32 too.
+Kernels may add the block terms in any order; that order is the only freedom they have.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ternop.format import BLOCK_SIZE, codes_to_values, unpack_codes
+from ternop.layouts import to_v1
+
+QMAX = 127
+
+
+def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (any float dtype) -> (q int8 [M, K], s_x fp32 [M]) as the module docstring says."""
+    xf = x2.to(torch.float32)
+    amax = xf.abs().amax(dim=1)
+    inv = torch.where(amax > 0, QMAX / torch.where(amax > 0, amax, 1.0), 0.0)
+    q = torch.round(xf * inv[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
+    return q, amax / QMAX
+
+
+def weight_values(weight_packed: torch.Tensor, layout: str = "v1") -> torch.Tensor:
+    """uint8 [N, K/4] in ``layout`` -> int8 values [N, K] in {-1, 0, +1}."""
+    return codes_to_values(unpack_codes(to_v1(weight_packed, layout) if layout != "v1" else weight_packed))
+
+
+def block_partials(q: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """q int8 [M, K], values int8 [N, K] -> P int32 [M, N, K/128] (exact)."""
+    m, k = q.shape
+    n = values.shape[0]
+    nb = k // BLOCK_SIZE
+    # Every partial is at most 127 * 128 in size, so fp32 sums of integers are exact.
+    qb = q.to(torch.float32).view(m, nb, BLOCK_SIZE).transpose(0, 1)  # [B, M, 128]
+    vb = values.to(torch.float32).view(n, nb, BLOCK_SIZE).permute(1, 2, 0)  # [B, 128, N]
+    return torch.bmm(qb, vb).permute(1, 2, 0).to(torch.int32)

@@ -1,0 +1,117 @@
+"""Launchers of the fused Triton kernels (``triton_fused.py``).
+
+The registry has already checked the call; these allocate the output (and a split-K
+workspace) from the caching allocator and launch on the current stream. Nothing syncs, so
+they are capture-safe. The kernels are launched plainly: they run inside the opaque
+``ternop::linear``, where a ``triton_op`` registration would only add a dispatcher hop.
+
+    linear_a16(x [M, K] fp16/bf16, weight_packed uint8 [N, K/4], weight_scale fp16 [N, K/128],
+               bias [N] | None, layout, config) -> [M, N] in x's dtype
+    linear_a8(x [M, K] any float, ...same...) -> [M, N] in x's dtype
+    quantize_rows(x [M, K]) -> (q int8 [M, K], s_x fp32 [M])
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ternop.cuda import configs
+from ternop.cuda.triton_fused import fused_a8_kernel, fused_a16_kernel, quant_rows_kernel, split_k_reduce_kernel
+
+LAYOUT_CODES = {"v1": 0, "a16": 1, "a8": 2}
+_REDUCE_BLOCK = 1024
+
+
+def _split(m: int, n: int, k: int, config: configs.FusedConfig, device: torch.device) -> tuple[int, int]:
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    sms = configs.sm_count(device) if device.type == "cuda" else 1
+    return tiles, configs.split_k(tiles, k // 128, sms, config.max_split_k)
+
+
+def _outputs(x: torch.Tensor, m: int, n: int, splits: int):
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    return out, ws
+
+
+def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int) -> None:
+    m, n = out.shape
+    split_k_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+        ws, bias if bias is not None else out, out, m, n,
+        bias.stride(0) if bias is not None else 0, out.stride(0),
+        HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=_REDUCE_BLOCK, num_warps=4,
+    )
+
+
+def linear_a16(x, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig) -> torch.Tensor:
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    tiles, splits = _split(m, n, k, config, x.device)
+    out, ws = _outputs(x, m, n, splits)
+    w32 = weight_packed.view(torch.int32)
+    fused_a16_kernel[(tiles, splits)](
+        x, w32, weight_scale, bias if bias is not None else x, out, ws,
+        m, n, k,
+        x.stride(0), w32.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
+        LAYOUT=LAYOUT_CODES[layout],
+        HAS_BIAS=bias is not None and splits == 1,
+        USE_ASM=x.is_cuda,
+        SWAP=config.swap,
+        SPLIT_K=splits,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        GROUP_M=config.group_m,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if splits > 1:
+        _reduce(ws, bias, out, splits)
+    return out
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token int8 quantization of x [M, K] on its device, exactly as ``ternop.activations``."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    qs = torch.empty((m,), dtype=torch.float32, device=x.device)
+    quant_rows_kernel[(m,)](
+        x, q, qs, k, x.stride(0), q.stride(0),
+        BLOCK_K=min(2048, triton.next_power_of_2(k)), num_warps=4,
+        # x * inv must round to fp32 before the rounding to an integer, as in the reference.
+        enable_fp_fusion=False,
+    )
+    return q, qs
+
+
+def linear_a8(x, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig) -> torch.Tensor:
+    q, qs = quantize_rows(x)
+    return linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout, config, x.dtype)
+
+
+def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """The A8 product from already quantized rows (q int8 [M, K], qs fp32 [M]); out in ``dtype``."""
+    m, k = q.shape
+    n = weight_packed.shape[0]
+    tiles, splits = _split(m, n, k, config, q.device)
+    out = torch.empty((m, n), dtype=dtype, device=q.device)
+    ws = torch.empty((splits, m, n), dtype=torch.float32, device=q.device) if splits > 1 else out
+    w32 = weight_packed.view(torch.int32)
+    fused_a8_kernel[(tiles, splits)](
+        q, qs, w32, weight_scale, bias if bias is not None else out, out, ws,
+        m, n, k,
+        q.stride(0), w32.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
+        LAYOUT=LAYOUT_CODES[layout],
+        HAS_BIAS=bias is not None and splits == 1,
+        USE_ASM=q.is_cuda,
+        SPLIT_K=splits,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        GROUP_M=config.group_m,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if splits > 1:
+        _reduce(ws, bias, out, splits)
+    return out

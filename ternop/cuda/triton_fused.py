@@ -1,0 +1,203 @@
+"""Fused Triton kernels: decode ternary weights in registers, multiply on tensor cores.
+
+No dense copy of the weights ever reaches HBM. Each program owns an output tile
+[BLOCK_M, BLOCK_N] and walks K one 128-wide scale block at a time:
+
+- ``fused_a16_kernel`` (fp16/bf16 x): the block's words decode to ``v * scale`` in x's
+  dtype, which is exact (fp16) or exactly the rounding of ``ternop.dequantize`` (bf16), and
+  ``tl.dot`` accumulates in fp32 over all of K. Layouts "v1" and "a16".
+- ``fused_a8_kernel`` (int8 x from ``quant_rows_kernel``): the block's words decode to int8
+  v, ``tl.dot`` gives the block's exact int32 partial, and the fp32 accumulator adds
+  ``partial * weight scale``; the token scale multiplies once at the end. Layout "a8".
+- ``quant_rows_kernel``: per-token absmax int8 quantization (``ternop.activations``).
+- ``split_k_reduce_kernel``: adds the fp32 partials of a split-K launch, adds the bias and
+  casts to the output dtype.
+
+The weights decode in registers through ``triton_decode.py``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ternop.cuda.triton_decode import decode_a8, decode_a16
+
+
+# --- GEMM kernels -----------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped order: programs that run together share weight tiles in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    group = pid // per_group
+    first_m = group * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _store_tile(acc, b_ptr, out_ptr, ws_ptr, offs_m, offs_n, M, N, stride_b, stride_om,
+                HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Writes an fp32 tile: bias and cast into out, or (split-K) the raw partial into ws [SPLIT_K, M, N]."""
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n.to(tl.int64) * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        split = tl.program_id(1).to(tl.int64)
+        tl.store(ws_ptr + (split * M + rows) * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def fused_a16_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_sn, stride_b, stride_om,
+    LAYOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    SWAP: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """out [M, N] = x [M, K] @ W^T (+ bias), x fp16/bf16, fp32 accumulation.
+
+    w int32 [N, K/16] (layout LAYOUT), s fp16 [N, K/128], out [M, N] in x's dtype. With
+    SPLIT_K > 1, program (tile, s) covers scale blocks s, s + SPLIT_K, ... and writes fp32
+    partials to ws [SPLIT_K, M, N] for ``split_k_reduce_kernel``. SWAP computes
+    out^T = W @ x^T, so that weight rows fill the MMA's 64-row dimension and a handful of
+    tokens can use the 8..256-wide one.
+    """
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    dtype = x_ptr.dtype.element_ty
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows past M and N read row 0 instead of masking, so the loads pipeline unconditionally;
+    # their results are never stored.
+    rows_x = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    kb0 = tl.program_id(1)
+    x_ptrs = x_ptr + rows_x[:, None] * stride_xm + kb0 * 128 + tl.arange(0, 128)[None, :]
+    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + kb0 * 8 + tl.arange(0, 8)[None, :]
+    s_ptrs = s_ptr + rows_w * stride_sn + kb0
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(kb0, K // 128, SPLIT_K):
+        words = tl.load(w_ptrs)
+        scale = tl.load(s_ptrs).to(dtype)
+        wt = decode_a16(words, scale, LAYOUT, dtype, BLOCK_N, USE_ASM)
+        xt = tl.load(x_ptrs)
+        if SWAP:
+            acc = tl.dot(wt, tl.trans(xt), acc)
+        else:
+            acc = tl.dot(xt, tl.trans(wt), acc)
+        x_ptrs += 128 * SPLIT_K
+        w_ptrs += 8 * SPLIT_K
+        s_ptrs += SPLIT_K
+    if SWAP:
+        acc = tl.trans(acc)
+    _store_tile(acc, b_ptr, out_ptr, ws_ptr, offs_m, offs_n, M, N, stride_b, stride_om, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def fused_a8_kernel(
+    q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr,
+    M, N, K,
+    stride_qm, stride_wn, stride_sn, stride_b, stride_om,
+    LAYOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """out [M, N] = s_x * sum_b P_b * scale_b (+ bias) with int8 x on int8 tensor cores.
+
+    q int8 [M, K] and qs fp32 [M] from ``quant_rows_kernel``; w int32 [N, K/16] in layout
+    LAYOUT (2, "a8", decodes fastest); s fp16 [N, K/128]; out [M, N] in the caller's dtype. Split-K as in fused_a16_kernel.
+
+    The product is computed transposed, out^T = W @ q^T: weight rows are the MMA's M
+    dimension, so each thread's accumulator covers a few weight rows and applies a few
+    block scales per step (tokens as the MMA's M would need a scale per accumulator
+    column, loaded anew every step), and M down to 8 still fits an MMA.
+    """
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_x = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    kb0 = tl.program_id(1)
+    q_ptrs = q_ptr + rows_x[:, None] * stride_qm + kb0 * 128 + tl.arange(0, 128)[None, :]
+    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + kb0 * 8 + tl.arange(0, 8)[None, :]
+    s_ptrs = s_ptr + rows_w * stride_sn + kb0
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for _ in range(kb0, K // 128, SPLIT_K):
+        words = tl.load(w_ptrs)
+        scale = tl.load(s_ptrs).to(tl.float32)
+        wt = decode_a8(words, LAYOUT, BLOCK_N, USE_ASM)
+        qt = tl.load(q_ptrs)
+        part = tl.dot(wt, tl.trans(qt), out_dtype=tl.int32)
+        # |part| <= 127 * 128 < 2^22: adding it to the bits of 1.5 * 2^23 and subtracting
+        # 1.5 * 2^23 converts it exactly with two full-rate ops instead of one quarter-rate I2F.
+        part_f = (part + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        acc += part_f * scale[:, None]
+        q_ptrs += 128 * SPLIT_K
+        w_ptrs += 8 * SPLIT_K
+        s_ptrs += SPLIT_K
+    acc = tl.trans(acc * tl.load(qs_ptr + rows_x)[None, :])
+    _store_tile(acc, b_ptr, out_ptr, ws_ptr, offs_m, offs_n, M, N, stride_b, stride_om, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def split_k_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
+                          HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[m, n] = sum_s ws[s, m, n] (+ bias[n]), in a fixed order (deterministic)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    m = offs // N
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n * stride_b, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def quant_rows_kernel(x_ptr, q_ptr, qs_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+    """One row of x -> int8 q and its fp32 scale, exactly as ``ternop.activations`` says.
+
+    Launch with enable_fp_fusion=False: the product x * inv must round before the rounding
+    to an integer, as in the reference.
+    """
+    m = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    a = tl.max(amax, axis=0)
+    inv = tl.where(a > 0, tl.math.div_rn(127.0, tl.where(a > 0, a, 1.0)), 0.0)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+        # Round half to even: for |t| < 2^22, t + 1.5 * 2^23 rounds t to an integer.
+        r = (x * inv + 12582912.0) - 12582912.0
+        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
+        tl.store(q_ptr + m * stride_qm + offs, r.to(tl.int8), mask=offs < K)
+    tl.store(qs_ptr + m, tl.math.div_rn(a, 127.0))
