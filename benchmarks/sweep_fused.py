@@ -184,8 +184,8 @@ def host_overhead() -> dict:
     return res
 
 
-def sweep(ms, shapes) -> list[dict]:
-    rows = []
+def sweep(ms, shapes, rows: list, save) -> list[dict]:
+    """Appends to ``rows`` and calls ``save()`` after every shape (a cut-off run keeps what it timed)."""
     for family, k, n in shapes:
         tern_bytes = n * k // 4 + 2 * n * (k // 128)
         base = make_weights(k, n, copies_for(tern_bytes))
@@ -225,6 +225,7 @@ def sweep(ms, shapes) -> list[dict]:
             print(f"{family:4s} {k:5d}->{n:5d} M={m:5d} bf16 {timed['cublas_bf16']:8.2f} us | {line}", flush=True)
         del base, dense, per_layout
         torch.cuda.empty_cache()
+        save()
     return rows
 
 
@@ -261,7 +262,9 @@ def main(argv=None) -> int:
         report["host_us_per_call"] = host_overhead()
         print("host us/call:", report["host_us_per_call"], flush=True)
         save()
-        report["sweep"] = sweep(args.ms, shapes)
+        report["sweep"] = []
+        sweep(args.ms, shapes, report["sweep"], save)
+        report["complete"] = True
         save()
     print(f"wrote {args.out}")
     return 0
