@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ternop import backends
-from ternop.meta import check_linear_inputs, linear_fake
+from ternop.meta import check_linear_inputs, inputs_ok, linear_fake
 
 SCHEMA = (
     "(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, "
@@ -51,7 +51,9 @@ def _linear_impl(
     activation_bits: int = 16,
     layout: str = "v1",
 ) -> torch.Tensor:
-    n, k = check_linear_inputs(x, weight_packed, weight_scale, bias, activation_bits, layout)
+    if not inputs_ok(x, weight_packed, weight_scale, bias, activation_bits, layout):
+        check_linear_inputs(x, weight_packed, weight_scale, bias, activation_bits, layout)  # raises, naming the problem
+    n, k = weight_packed.shape[0], x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
@@ -61,10 +63,13 @@ def _linear_impl(
         x2 = x2.contiguous()
     if x2.device.type == "cuda":
         _load_cuda_backends()
-    call = backends.LinearCall(
-        x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout
-    )
-    return backends.select(call).run(call).view(*lead, n)
+    if not weight_packed.is_contiguous():
+        weight_packed = weight_packed.contiguous()
+    if not weight_scale.is_contiguous():
+        weight_scale = weight_scale.contiguous()
+    call = backends.LinearCall(x2, weight_packed, weight_scale, bias, activation_bits, layout)
+    out = backends.select(call).run(call)
+    return out if len(lead) == 1 else out.view(*lead, n)
 
 
 _lib.impl("linear", _linear_impl, "CPU")

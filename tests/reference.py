@@ -46,3 +46,69 @@ def random_packed(n: int, k: int, *, generator=None, reserved: bool = False) -> 
     packed = codes[:, 0::4] | codes[:, 1::4] << 2 | codes[:, 2::4] << 4 | codes[:, 3::4] << 6
     scale = (torch.rand((n, k // 128), generator=generator) * 0.1 + 0.01).to(torch.float16)
     return packed.to(torch.uint8), scale
+
+
+def assert_within_2x_of_dense(y: torch.Tensor, x: torch.Tensor, weight_packed, weight_scale, bias=None,
+                              eps: float = 1e-6) -> None:  # fmt: skip
+    """The 2x rule: ``y``'s max error against the fp64 oracle is at most twice the error of
+    ``F.linear`` on the dequantized weights in x's dtype, plus ``eps``."""
+    want = linear_fp64(x, weight_packed, weight_scale, bias)
+    dense = torch.from_numpy(dense_weight(weight_packed, weight_scale)).to(x.dtype)
+    ref = torch.nn.functional.linear(x.cpu(), dense, None if bias is None else bias.cpu().to(x.dtype))
+    ref_err = float((ref.to(torch.float64) - want).abs().max())
+    err = float((y.cpu().to(torch.float64) - want).abs().max())
+    assert err <= 2 * ref_err + eps, f"error {err:.3g} > 2 x F.linear's {ref_err:.3g} + {eps:g}"
+
+
+# --- kernel layouts and W2A8, read from the specs in ternop/layouts.py and ternop/activations.py ---
+
+
+def _k_of_field(layout: str, p: int) -> int:
+    """Offset in its 16-weight word of the weight that field p holds, as the layout spec words it."""
+    if layout == "v1":
+        return p
+    if layout == "a16":
+        return 2 * p if p < 8 else 2 * (p - 8) + 1
+    if layout == "a8":
+        return 4 * (p % 2) + p // 2 if p < 8 else 8 + 4 * ((p - 8) % 2) + (p - 8) // 2
+    raise ValueError(layout)
+
+
+def unpack_layout_values(weight_packed: torch.Tensor, layout: str) -> np.ndarray:
+    """uint8 [N, K/4] in ``layout`` -> float64 values [N, K]; bytes 4w..4w+3 are the little-endian word w."""
+    b = weight_packed.cpu().numpy().astype(np.uint32)
+    n, k4 = b.shape
+    words = b[:, 0::4] | b[:, 1::4] << 8 | b[:, 2::4] << 16 | b[:, 3::4] << 24  # [N, K/16]
+    values = np.zeros((n, 4 * k4), dtype=np.float64)
+    for p in range(16):
+        field = (words >> (2 * p)) & 0b11
+        if layout == "a16":
+            v = np.where(field == 3, 0.0, field.astype(np.float64) - 1.0)
+        else:
+            v = np.vectorize(_VALUE_OF_CODE.get, otypes=[np.float64])(field)
+        values[:, _k_of_field(layout, p)::16] = v
+    return values
+
+
+def quantize_rows_np(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token int8 quantization as the W2A8 spec words it: (q int64 [M, K], s_x float32 [M])."""
+    xf = x.detach().cpu().to(torch.float32).numpy()
+    amax = np.abs(xf).max(axis=1).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xf * inv[:, None]), -127, 127).astype(np.int64)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
+def linear_a8_fp64(x: torch.Tensor, weight_packed, weight_scale, bias=None, layout: str = "v1") -> torch.Tensor:
+    """The W2A8 oracle: exact int partials per 128-block, then the scales, in float64."""
+    q, sx = quantize_rows_np(x.reshape(-1, x.shape[-1]))
+    v = unpack_layout_values(weight_packed, layout).astype(np.int64)
+    m, k = q.shape
+    nb = k // 128
+    partials = np.einsum("mbk,nbk->mnb", q.reshape(m, nb, 128), v.reshape(-1, nb, 128))  # exact int64
+    s = weight_scale.cpu().to(torch.float64).numpy()
+    y = sx.astype(np.float64)[:, None] * (partials * s[None]).sum(axis=2)
+    if bias is not None:
+        y = y + bias.cpu().to(torch.float64).numpy()
+    return torch.from_numpy(y).reshape(*x.shape[:-1], -1)

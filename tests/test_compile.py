@@ -58,7 +58,7 @@ class TestExpected(expecttest.TestCase):
     def test_schema(self):
         self.assertExpectedInline(
             str(torch.ops.ternop.linear.default._schema),
-            """ternop::linear(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor""",
+            """ternop::linear(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, int activation_bits=16, str layout="v1") -> Tensor""",
         )
 
     def test_traced_graph(self):

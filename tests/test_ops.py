@@ -1,10 +1,11 @@
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ternop
-from ternop import backends, cpu
-from tests.reference import linear_fp64, random_packed
+from ternop import backends, cpu, layouts
+from tests.reference import linear_a8_fp64, linear_fp64, quantize_rows_np, random_packed, unpack_layout_values
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -85,7 +86,7 @@ def test_linear_cpu_memory_is_bounded(monkeypatch):
     seen = []
     real = cpu.dequantize
 
-    def spy(wp, ws, dtype):
+    def spy(wp, ws, dtype):  # noqa: ANN001
         seen.append(wp.shape[0] * wp.shape[1] * 4)
         return real(wp, ws, dtype)
 
@@ -124,6 +125,8 @@ def _args(**over):
         (dict(bias=torch.randn(15)), r"bias must have shape \[N\] = \[16\]"),
         (dict(bias=torch.randn(16, dtype=torch.float16)), "bias must have x's dtype torch.float32"),
         (dict(x=torch.randn(3, 256, device="meta")), "all tensors must be on one device"),
+        (dict(activation_bits=4), "activation_bits must be 16 or 8, got 4"),
+        (dict(layout="v2"), "layout must be one of v1, a16, a8, got 'v2'"),
     ],
 )
 def test_linear_errors_name_the_argument(over, message):
@@ -143,18 +146,125 @@ def test_backend_forced_and_explained(monkeypatch):
     packed, scale = random_packed(8, 128)
     x = torch.randn(2, 128)
     monkeypatch.setenv("TERNOP_BACKEND", "cpu")
-    assert torch.equal(ternop.linear(x, packed, scale), cpu._linear_cpu(x, packed, scale, None))
+    call = backends.LinearCall(x, packed, scale, None)
+    assert torch.equal(ternop.linear(x, packed, scale), cpu._linear_cpu(call))
     monkeypatch.setenv("TERNOP_BACKEND", "no_such_backend")
     with pytest.raises(RuntimeError, match="'no_such_backend' names no backend; registered: .*'cpu'"):
         ternop.linear(x, packed, scale)
     monkeypatch.delenv("TERNOP_BACKEND")
-    assert ("cpu", True, "") in backends.explain(x, packed, scale)
+    assert ("cpu", True, "") in backends.explain(call)
 
 
 def test_backend_rejections_are_reported(monkeypatch):
     never = backends.Backend("never", "cpu", 0, lambda *a: (False, "M too large"), run=None)
     monkeypatch.setattr(backends, "_BACKENDS", {"never": never})
     monkeypatch.setattr(backends, "_ORDER", {})
+    monkeypatch.setattr(backends, "_CHOICE", {})
     packed, scale = random_packed(8, 128)
     with pytest.raises(RuntimeError, match="no backend can run x \\(2, 128\\).*never: M too large"):
         ternop.linear(torch.randn(2, 128), packed, scale)
+
+
+# --- kernel layouts --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+def test_layouts_repack_matches_the_spec(layout):
+    packed, _ = random_packed(24, 384, reserved=True)
+    repacked = layouts.repack(packed, layout)
+    assert repacked.shape == packed.shape and repacked.dtype == torch.uint8
+    np.testing.assert_array_equal(unpack_layout_values(repacked, layout), unpack_layout_values(packed, "v1"))
+    back = layouts.to_v1(repacked, layout)
+    np.testing.assert_array_equal(unpack_layout_values(back, "v1"), unpack_layout_values(packed, "v1"))
+
+
+def test_layouts_golden_word():
+    # One word, k = 0..15 holding the values of codes 0b01 (k even) and 0b10 (k odd):
+    # v = +1, -1, +1, -1, ...
+    codes = torch.tensor([[1, 2] * 8], dtype=torch.uint8)
+    v1 = ternop.pack_codes(codes)
+    assert v1.tolist() == [[0x99, 0x99, 0x99, 0x99]]
+    # a16: field p < 8 holds k = 2p (v = +1, u = 2), field p >= 8 holds k = 2(p-8)+1 (u = 0).
+    assert layouts.repack(v1, "a16").tolist() == [[0xAA, 0xAA, 0x00, 0x00]]
+    # a8: fields 0, 1, 2, 3 hold k = 0, 4, 1, 5 (codes 01, 01, 10, 10), and so on: 0xA5 per byte.
+    assert layouts.repack(v1, "a8").tolist() == [[0xA5, 0xA5, 0xA5, 0xA5]]
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_layouts_match_v1(layout, dtype):
+    packed, scale = random_packed(40, 256, reserved=True)
+    x = torch.randn(3, 256).to(dtype)
+    bias = torch.randn(40).to(dtype)
+    want = ternop.linear(x, packed, scale, bias)
+    assert torch.equal(ternop.linear(x, layouts.repack(packed, layout), scale, bias, layout=layout), want)
+
+
+def test_layouts_errors():
+    with pytest.raises(ValueError, match="unknown weight layout 'v2'"):
+        layouts.repack(torch.zeros(2, 32, dtype=torch.uint8), "v2")
+    with pytest.raises(ternop.FormatError, match="must be uint8"):
+        layouts.repack(torch.zeros(2, 32, dtype=torch.int8), "a16")
+    assert layouts.preferred_layout(16, "cpu") == "v1"
+    assert layouts.preferred_layout(8, "cuda") == "a8" and layouts.preferred_layout(16, "cuda") == "a16"
+    with pytest.raises(ValueError, match="activation_bits must be 8 or 16"):
+        layouts.preferred_layout(4, "cpu")
+
+
+# --- W2A8 -------------------------------------------------------------------------------------
+
+
+def test_quantize_rows_matches_the_spec():
+    from ternop.activations import quantize_rows
+
+    x = torch.randn(9, 384) * 5
+    x[2] = 0  # an all-zero row quantizes to zeros with scale 0
+    x[4, 7] = 1e-30
+    q, s = quantize_rows(x)
+    q_np, s_np = quantize_rows_np(x)
+    np.testing.assert_array_equal(q.numpy(), q_np)
+    np.testing.assert_array_equal(s.numpy(), s_np)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and int(q.abs().max()) == 127
+    assert float(s[2]) == 0 and int(q[2].abs().max()) == 0
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_a8_matches_the_spec(layout, dtype):
+    packed, scale = random_packed(72, 384, reserved=True)
+    packed = layouts.repack(packed, layout)
+    x = torch.randn(2, 3, 384).to(dtype)
+    bias = torch.randn(72).to(dtype)
+    y = ternop.linear(x, packed, scale, bias, activation_bits=8, layout=layout)
+    ref = linear_a8_fp64(x, packed, scale, bias, layout)
+    assert y.dtype == dtype and y.shape == (2, 3, 72)
+    # Only the fp32 adds of the block terms and the final rounding to x's dtype differ.
+    tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    assert _rel_err(y, ref) <= tol
+
+
+def test_linear_a8_differs_from_a16_by_the_rounding_of_x():
+    packed, scale = random_packed(64, 512)
+    x = torch.randn(5, 512)
+    a16, a8 = ternop.linear(x, packed, scale), ternop.linear(x, packed, scale, activation_bits=8)
+    err = _rel_err(a8, a16.double())
+    assert 1e-4 < err < 2e-2  # int8 rounding of x: visible, but small
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("layout", ["v1", "a8"])
+def test_linear_opcheck_modes(bits, layout):
+    packed, scale = random_packed(40, 256)
+    packed = layouts.repack(packed, layout)
+    x = torch.randn(3, 256)
+    torch.library.opcheck(torch.ops.ternop.linear.default, (x, packed, scale, None, bits, layout))
+
+
+def test_linear_dispatch_is_cached_per_call_key():
+    packed, scale = random_packed(16, 128)
+    backends.clear_cache()
+    ternop.linear(torch.randn(3, 128), packed, scale)
+    ternop.linear(torch.randn(3, 128), packed, scale)
+    ternop.linear(torch.randn(4, 128), packed, scale, activation_bits=8)
+    keys = list(backends._CHOICE)
+    assert len(keys) == 2 and {k[2] for k in keys} == {3, 4}

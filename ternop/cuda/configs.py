@@ -180,12 +180,17 @@ def min_m(backend: str, device: torch.device) -> int:
 
 
 def split_k(tiles: int, k_blocks: int, sms: int, max_split: int) -> int:
-    """How many K slices a launch of ``tiles`` output tiles uses: 1 unless the tiles leave more
-    than half the multiprocessors idle; then enough slices to fill them, each at least four
-    scale blocks long, and at most ``max_split``."""
-    if max_split <= 1 or 2 * tiles > sms:
+    """How many K slices a launch of ``tiles`` output tiles uses.
+
+    A fused kernel's program walks its K blocks one after another, so a launch needs several
+    programs per multiprocessor to hide load and MMA latency. Slices are added until there
+    are about four programs per multiprocessor, each slice keeping at least four scale
+    blocks, and never more than ``max_split``.
+    """
+    if max_split <= 1:
         return 1
-    return max(1, min(max_split, sms // tiles, k_blocks // 4))
+    want = -(-4 * sms // tiles)
+    return max(1, min(max_split, want, k_blocks // 4))
 
 
 def lookup(backend: str, m: int, device: torch.device, forced: bool = False) -> tuple[object | None, str]:

@@ -100,6 +100,44 @@ def check_linear_inputs(
     return n, k
 
 
+def inputs_ok(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation_bits: int = 16,
+    layout: str = "v1",
+) -> bool:
+    """True exactly when ``check_linear_inputs`` would pass, for real (not symbolic) tensors.
+
+    The eager op calls this plain-Python test first (a few microseconds) and runs
+    ``check_linear_inputs`` only to produce the message when it fails.
+    """
+    xs, ps, ss = x.shape, weight_packed.shape, weight_scale.shape
+    if (
+        x.dtype not in X_DTYPES
+        or len(xs) < 1
+        or weight_packed.dtype != torch.uint8
+        or len(ps) != 2
+        or weight_scale.dtype != torch.float16
+        or len(ss) != 2
+        or activation_bits not in ACTIVATION_BITS
+        or layout not in LAYOUTS
+    ):
+        return False
+    n, k = ps[0], ps[1] * CODES_PER_BYTE
+    if n <= 0 or k <= 0 or k % BLOCK_SIZE or xs[-1] != k or ss[0] != n or ss[1] != k // BLOCK_SIZE:
+        return False
+    device = x.device
+    if weight_packed.device != device or weight_scale.device != device:
+        return False
+    if bias is not None:
+        bs = bias.shape
+        if len(bs) != 1 or bs[0] != n or bias.dtype != x.dtype or bias.device != device:
+            return False
+    return True
+
+
 def linear_fake(
     x: torch.Tensor,
     weight_packed: torch.Tensor,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from ternop import backends
@@ -11,21 +10,24 @@ from ternop.cuda import configs, registry
 DEV = torch.device("cuda", 0)  # a device object only; CUDA is never initialised
 
 
-@pytest.fixture
-def sm90(monkeypatch):
+def _sm90(monkeypatch):
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (9, 0))
 
 
-def test_configs_buckets_cover_every_m(sm90):
+def test_configs_buckets_cover_every_m(monkeypatch):
+    _sm90(monkeypatch)
     for m in (1, 2, 3, 16, 17, 64, 65, 257, 4097, 1 << 20):
+        for name in ("triton_a16", "triton_a8"):
+            config, why = configs.lookup(name, m, DEV)
+            assert isinstance(config, configs.FusedConfig), why
         config, why = configs.lookup("triton_gemm", m, DEV)
         assert isinstance(config, configs.GemmConfig), why
-        assert config.block_m >= min(m, 16)
         config, why = configs.lookup("dequant_cublas", m, DEV)
         assert isinstance(config, configs.DequantConfig), why
 
 
-def test_configs_small_m_backends_decline_large_m_unless_forced(sm90):
+def test_configs_small_m_backends_decline_large_m_unless_forced(monkeypatch):
+    _sm90(monkeypatch)
     config, why = configs.lookup("cuda_gemv", 3, DEV)
     assert config is None and "M=3" in why and "sm90" in why
     config, _ = configs.lookup("cuda_gemv", 3, DEV, forced=True)
@@ -42,15 +44,20 @@ def test_configs_tables_are_ascending_and_well_formed():
             for _, config in buckets:
                 if isinstance(config, (configs.GemvConfig, configs.DequantConfig)):
                     assert config.block_k % 128 == 0, (arch, name, config)
+                if isinstance(config, configs.FusedConfig):
+                    assert config.block_m in (16, 32, 64, 128, 256) and config.block_n in (32, 64, 128, 256)
+                    assert config.max_split_k >= 1
 
 
 def test_registry_order_and_names():
     registry.register_all()
     names = [b.name for b in backends.available("cuda")]
-    assert names == ["cuda_mma", "cuda_gemv", "dequant_cublas", "triton_gemm", "triton_gemv"]
+    assert names == ["cuda_mma", "cuda_gemv", "triton_a8", "dequant_cublas", "triton_a16", "triton_gemm",
+                     "triton_gemv", "dequant_any"]
 
 
-def test_configs_cuda_mma_takes_m_up_to_16(sm90):
+def test_configs_cuda_mma_takes_m_up_to_16(monkeypatch):
+    _sm90(monkeypatch)
     for m in (1, 8, 9, 16):
         config, why = configs.lookup("cuda_mma", m, DEV)
         assert isinstance(config, configs.CudaMmaConfig), why
@@ -58,25 +65,29 @@ def test_configs_cuda_mma_takes_m_up_to_16(sm90):
     assert config is None and "M=17" in why
 
 
-def test_configs_wide_layers_skip_dequantizing_at_moderate_m(sm90, monkeypatch):
+def test_configs_split_k_fills_the_gpu_only_when_tiles_are_few():
+    assert configs.split_k(tiles=1000, k_blocks=32, sms=132, max_split=8) == 1
+    assert configs.split_k(tiles=16, k_blocks=32, sms=132, max_split=8) == 8
+    assert configs.split_k(tiles=16, k_blocks=8, sms=132, max_split=8) == 2  # at least 4 blocks a slice
+    assert configs.split_k(tiles=224, k_blocks=32, sms=132, max_split=8) == 3
+    assert configs.split_k(tiles=16, k_blocks=32, sms=132, max_split=1) == 1
+
+
+def test_registry_dequant_floor(monkeypatch):
     from types import SimpleNamespace
 
-    assert configs.fused_beats_dequant(64, 14336, DEV) and configs.fused_beats_dequant(128, 28672, DEV)
-    assert not configs.fused_beats_dequant(64, 4096, DEV)  # narrower: dequantizing wins
-    assert not configs.fused_beats_dequant(129, 28672, DEV)  # larger M: dequantizing wins
-    # The registry's answer, with the Triton availability check stubbed (no GPU here).
-    monkeypatch.setattr(registry, "_can_triton", lambda name: lambda *args: (True, ""))
+    _sm90(monkeypatch)
+    monkeypatch.setattr(registry, "_module", lambda name: (SimpleNamespace(), ""))
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
-    x = SimpleNamespace(shape=(64, 4096), device=DEV)
-    wide, narrow = SimpleNamespace(shape=(24576, 1024)), SimpleNamespace(shape=(4096, 1024))
-    ok, why = registry._can_dequant_cublas(x, wide, None, None)
-    assert not ok and "M=64, N=24576" in why and "fused GEMM" in why
-    assert registry._can_dequant_cublas(x, narrow, None, None) == (True, "")
-    assert registry._can_dequant_cublas(SimpleNamespace(shape=(63, 4096), device=DEV), narrow, None, None)[0] is False
-    monkeypatch.setenv("TERNOP_BACKEND", "dequant_cublas")  # forcing overrides the table
-    assert registry._can_dequant_cublas(x, wide, None, None) == (True, "")
+    floor = configs.min_m("dequant_cublas", DEV)
 
+    def call(m):
+        x = SimpleNamespace(shape=(m, 4096), device=DEV, dtype=torch.bfloat16)
+        w = SimpleNamespace(shape=(4096, 1024), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, None, None)
 
-def test_configs_other_archs_keep_dequantizing(monkeypatch):
-    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
-    assert not configs.fused_beats_dequant(64, 28672, DEV)
+    assert registry._can_dequant_cublas(call(floor)) == (True, "")
+    ok, why = registry._can_dequant_cublas(call(floor - 1))
+    assert not ok and f"M={floor - 1}" in why
+    monkeypatch.setenv("TERNOP_BACKEND", "dequant_cublas")  # forcing overrides the floor
+    assert registry._can_dequant_cublas(call(1)) == (True, "")

@@ -12,17 +12,19 @@ import torch
 import torch.nn.functional as F
 
 import ternop
-from ternop import backends
-from tests.reference import random_packed
+from ternop import backends, layouts
+from tests.reference import linear_a8_fp64, random_packed
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BACKENDS = ["cuda_mma", "cuda_gemv", "triton_gemv", "dequant_cublas", "triton_gemm"]
-SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4, "dequant_cublas": 1 << 30, "triton_gemm": 1 << 30}
+BACKENDS = ["cuda_mma", "cuda_gemv", "triton_a16", "dequant_cublas", "triton_gemm", "triton_gemv", "dequant_any"]
+SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
+# Which layouts each 16-bit backend reads (the others decline with a reason).
+LAYOUTS_OF = {"cuda_mma": ("v1",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",), "triton_gemv": ("v1",)}
 
 # (M, K, N): every M, K and N of the issue appears, in a sample that runs in seconds.
 SHAPES = [
@@ -69,28 +71,45 @@ def _force(monkeypatch, name):
         monkeypatch.setenv(backends.ENV_BACKEND, name)
 
 
-def _skip_unavailable(name, x, packed, scale):
+def _call(x, packed, scale, bias=None, bits=16, layout="v1"):
+    return backends.LinearCall(x.reshape(-1, x.shape[-1]), packed, scale, bias, bits, layout)
+
+
+def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     if name is None:
         return
-    ternop.linear(x[:1], packed, scale)  # loads the CUDA backends
-    backend = backends._BACKENDS[name]
-    ok, why = backend.can_implement(x.reshape(-1, x.shape[-1]), packed, scale, None)
+    ternop.linear(x[:1], packed, scale, layout=layout)  # loads the CUDA backends
+    backend = backends.get(name)
+    ok, why = backend.can_implement(_call(x, packed, scale, None, bits, layout))
     if not ok and name in CPP_BACKENDS and ("extension not built" in why or "needs sm_80" in why):
         pytest.skip(why)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", [None, *BACKENDS])
-def test_linear_cuda_numerics(monkeypatch, name, dtype):
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+def test_linear_cuda_numerics(monkeypatch, name, dtype, layout):
+    if layout not in LAYOUTS_OF.get(name, layouts.LAYOUTS):
+        pytest.skip(f"{name} reads v1 only")
     for m, k, n in SHAPES:
-        if name is not None and m > SMALL_M[name]:
+        if m > SMALL_M.get(name, 1 << 30):
             continue
-        packed, scale = _weights(n, k)
+        v1, scale = _weights(n, k)
+        packed = layouts.repack(v1, layout)
         x = torch.randn(m, k, device="cuda").to(dtype)
-        _skip_unavailable(name, x, packed, scale)
+        _skip_unavailable(name, x, packed, scale, layout=layout)
         _force(monkeypatch, name)
-        _check(ternop.linear(x, packed, scale), x, packed, scale)
+        _check(ternop.linear(x, packed, scale, layout=layout), x, v1, scale)
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+
+
+@pytest.mark.parametrize("name", ["cuda_mma", "cuda_gemv", "triton_gemm", "triton_gemv"])
+def test_linear_cuda_v1_backends_decline_other_layouts(name):
+    v1, scale = _weights(136, 512)
+    x = torch.randn(2, 512, device="cuda", dtype=torch.float16)
+    ternop.linear(x, v1, scale)  # loads the CUDA backends
+    ok, why = backends.get(name).can_implement(_call(x, layouts.repack(v1, "a16"), scale, layout="a16"))
+    assert not ok and "v1 only" in why
 
 
 # The tensor-core kernel: every M of both n8 tiles' edges, K giving 1, 2, 4 and 8 warps per
@@ -127,13 +146,15 @@ def test_linear_cuda_mma_declines_with_reasons():
     packed, scale = _weights(136, 512)
     x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
     ternop.linear(x, packed, scale)  # loads the CUDA backends
-    can = backends._BACKENDS["cuda_mma"].can_implement
-    ok, why = can(x.float(), packed, scale, None)
+    can = backends.get("cuda_mma").can_implement
+    ok, why = can(_call(x.float(), packed, scale))
     assert not ok and "float32" in why
-    ok, why = can(torch.randn(17, 512, device="cuda", dtype=torch.float16), packed, scale, None)
+    ok, why = can(_call(torch.randn(17, 512, device="cuda", dtype=torch.float16), packed, scale))
     assert not ok and "M=17" in why
-    ok, why = can(torch.randn(3 * 512 + 1, device="cuda", dtype=torch.float16)[1:].view(3, 512), packed, scale, None)
+    ok, why = can(_call(torch.randn(3 * 512 + 1, device="cuda", dtype=torch.float16)[1:].view(3, 512), packed, scale))
     assert not ok and ("aligned" in why or "needs sm_80" in why or "extension not built" in why)
+    ok, why = can(_call(x, packed, scale, bits=8))
+    assert not ok and "16-bit activations only" in why
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -141,11 +162,11 @@ def test_linear_cuda_mma_declines_with_reasons():
 def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
     k, n = 1024, 136
     packed, scale = _weights(n, k)
-    bias = torch.randn(n, device="cuda").to(dtype)
+    bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]  # strided: every kernel must index it by its stride
     m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16}.get(name, 80)
     x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
-    if name == "cuda_mma" and dtype == torch.float32:
-        ok, why = backends._BACKENDS[name].can_implement(x3.reshape(-1, k), packed, scale, bias)
+    if name in ("cuda_mma", "triton_a16") and dtype == torch.float32:
+        ok, why = backends.get(name).can_implement(_call(x3, packed, scale, bias))
         assert not ok and "float32" in why
         name = None  # the dispatcher must still serve fp32 with another backend
     _skip_unavailable(name, x3, packed, scale)
@@ -174,12 +195,14 @@ def test_linear_cuda_dispatch_by_m():
     for m in (1, 16, 4096):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         ternop.linear(x, packed, scale)
-        chosen[m] = backends.select(x, packed, scale).name
-    assert chosen[1] in ("cuda_mma", "cuda_gemv", "triton_gemm")
-    assert chosen[16] in ("cuda_mma", "triton_gemm")
-    assert chosen[4096] == "dequant_cublas"
-    reasons = dict((name, why) for name, ok, why in backends.explain(x, packed, scale) if not ok)
+        chosen[m] = backends.select(_call(x, packed, scale)).name
+    assert chosen[1] in ("cuda_mma", "cuda_gemv", "triton_a16")
+    assert chosen[16] in ("cuda_mma", "triton_a16")
+    assert chosen[4096] in ("dequant_cublas", "triton_a16")
+    reasons = dict((name, why) for name, ok, why in backends.explain(_call(x, packed, scale)) if not ok)
     assert "M=4096" in reasons["triton_gemv"]
+    # int8 activations only ever run on triton_a8
+    assert backends.select(_call(x, packed, scale, bits=8)).name == "triton_a8"
 
 
 @pytest.mark.parametrize("m", [1, 300])
@@ -189,7 +212,9 @@ def test_linear_cuda_opcheck(m, with_bias):
     x = torch.randn(m, 384, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(136, device="cuda", dtype=torch.bfloat16) if with_bias else None
     torch.library.opcheck(torch.ops.ternop.linear.default, (x, packed, scale, bias))
-    torch.library.opcheck(torch.ops.ternop._linear_triton_gemm.default, (x, packed, scale, bias, 16, 64, 8, 4, 3))
+    for bits, layout in ((16, "a16"), (8, "a8"), (8, "v1")):
+        repacked = layouts.repack(packed, layout)
+        torch.library.opcheck(torch.ops.ternop.linear.default, (x, repacked, scale, bias, bits, layout))
 
 
 def _skip_guards(entries):
@@ -270,8 +295,94 @@ def test_linear_cuda_unaligned_x_falls_back(m):
     flat = torch.randn(m * k + 1, device="cuda", dtype=torch.float16)
     x = flat[1:].view(m, k)
     assert x.data_ptr() % 16 != 0
-    reasons = {name: why for name, ok, why in backends.explain(x, packed, scale) if not ok}
+    reasons = {name: why for name, ok, why in backends.explain(_call(x, packed, scale)) if not ok}
     for name in CPP_BACKENDS:
         if m == 1 and name in reasons and "extension not built" not in reasons[name]:
             assert "aligned" in reasons[name] or "needs sm_80" in reasons[name]
     _check(ternop.linear(x, packed, scale), x, packed, scale)
+
+
+# --- W2A8 ---------------------------------------------------------------------------------------
+
+A8_SHAPES = [(1, 128, 64), (3, 384, 136), (16, 4096, 1152), (17, 1024, 520), (64, 3072, 1024),
+             (129, 1024, 4096), (300, 14336, 256), (1000, 384, 1152)]
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_cuda_a8_against_the_spec(layout, dtype):
+    for m, k, n in A8_SHAPES:
+        v1, scale = _weights(n, k)
+        packed = layouts.repack(v1, layout)
+        x = torch.randn(m, 2 * k, device="cuda").to(dtype)[:, :k]  # strided rows
+        bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]
+        y = ternop.linear(x, packed, scale, bias, activation_bits=8, layout=layout)
+        ref = linear_a8_fp64(x, packed, scale, bias, layout)
+        tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+        assert y.dtype == dtype and _rel_err(y, ref) <= tol, (m, k, n, _rel_err(y, ref))
+
+
+def test_linear_cuda_a8_partials_are_exact():
+    """With one power-of-two scale per layer and fp32 x, every fp32 operation after the int32
+    block partials is exact, so the kernel must equal the CPU reference bit for bit."""
+    for m, k, n in [(1, 4096, 1152), (7, 1024, 136), (64, 3072, 4096), (300, 2048, 256)]:
+        v1, _ = _weights(n, k)
+        scale = torch.full((n, k // 128), 2.0**-6, dtype=torch.float16, device="cuda")
+        packed = layouts.repack(v1, "a8")
+        x = torch.randn(m, k, device="cuda")
+        y = ternop.linear(x, packed, scale, activation_bits=8, layout="a8")
+        want = ternop.linear(x.cpu(), packed.cpu(), scale.cpu(), activation_bits=8, layout="a8")
+        assert torch.equal(y.cpu(), want), (m, k, n)
+
+
+def test_linear_cuda_a8_never_falls_back(monkeypatch):
+    v1, scale = _weights(136, 512)
+    x = torch.randn(2, 512, device="cuda", dtype=torch.float16)
+    ternop.linear(x, v1, scale)  # loads the CUDA backends
+    for name in BACKENDS:
+        ok, why = backends.get(name).can_implement(_call(x, v1, scale, bits=8))
+        assert not ok and "16-bit" in why, name
+    monkeypatch.setattr(backends, "_BACKENDS", {k: b for k, b in backends._BACKENDS.items() if k != "triton_a8"})
+    monkeypatch.setattr(backends, "_ORDER", {})
+    monkeypatch.setattr(backends, "_CHOICE", {})
+    with pytest.raises(RuntimeError, match="no backend can run .*activation_bits=8"):
+        ternop.linear(x, v1, scale, activation_bits=8)
+
+
+@pytest.mark.parametrize("m", [1, 5, 64, 700])
+def test_linear_cuda_a8_graph_capture_replays(m):
+    v1, scale = _weights(4096, 1024)
+    packed = layouts.repack(v1, "a8")
+    bias = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8")
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8"), rtol=0, atol=0)
+
+
+def test_linear_cuda_a8_compile_dynamic_m_one_graph():
+    v1, scale = _weights(1152, 1024)
+    packed = layouts.repack(v1, "a8")
+
+    def f(x):
+        return ternop.linear(x, packed, scale, activation_bits=8, layout="a8") * 2.0
+
+    skip = getattr(torch.compiler, "skip_all_guards_unsafe", _skip_guards)
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, options={"guard_filter_fn": skip})
+    compiled(torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16))
+    for m in (1, 4096):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            y = compiled(x)
+        torch.testing.assert_close(y, f(x), rtol=0, atol=0)

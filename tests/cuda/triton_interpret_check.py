@@ -17,8 +17,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import ternop  # noqa: E402
-from ternop.cuda import triton_kernels, triton_ops  # noqa: E402
-from tests.reference import linear_fp64, random_packed  # noqa: E402
+from ternop import layouts  # noqa: E402
+from ternop.cuda import launch_fused, launch_triton, triton_kernels  # noqa: E402
+from ternop.cuda.configs import FusedConfig  # noqa: E402
+from tests.reference import linear_a8_fp64, linear_fp64, quantize_rows_np, random_packed  # noqa: E402
 
 
 def _rel_err(y, ref):
@@ -48,7 +50,7 @@ def main() -> int:
         packed, scale = random_packed(n, k, reserved=True)
         x = torch.randn(m, k).to(dtype)
         bias = torch.randn(n).to(dtype) if with_bias else None
-        y = triton_ops.launch_gemv(triton_kernels.ternary_gemv_kernel, x, packed, scale, bias, 16, 256, 4, 1)
+        y = launch_triton.launch_gemv(triton_kernels.ternary_gemv_kernel, x, packed, scale, bias, 16, 256, 4, 1)
         ok &= check("gemv", y, x, packed, scale, bias)
     for m, k, n, dtype, with_bias in [
         (17, 384, 40, torch.float16, True),
@@ -57,7 +59,7 @@ def main() -> int:
         packed, scale = random_packed(n, k, reserved=True)
         x = torch.randn(m, k).to(dtype)
         bias = torch.randn(n).to(dtype) if with_bias else None
-        y = triton_ops.launch_gemm(triton_kernels.ternary_gemm_kernel, x, packed, scale, bias, 16, 16, 2, 4, 1)
+        y = launch_triton.launch_gemm(triton_kernels.ternary_gemm_kernel, x, packed, scale, bias, 16, 16, 2, 4, 1)
         ok &= check("gemm", y, x, packed, scale, bias)
     # The unfolded path: fp32 partial per 128-wide block times that block's scale.
     m, k, n = 9, 256, 24
@@ -66,7 +68,7 @@ def main() -> int:
     y = torch.empty(m, n, dtype=x.dtype)
     w32 = packed.view(torch.int32)
     triton_kernels.ternary_gemm_kernel[(1 * 2,)](
-        x, w32, scale, x, y, m, n, k, x.stride(0), w32.stride(0), scale.stride(0), y.stride(0),
+        x, w32, scale, x, y, m, n, k, x.stride(0), w32.stride(0), scale.stride(0), 0, y.stride(0),
         HAS_BIAS=False, FOLD_SCALE=False, BLOCK_M=16, BLOCK_N=16, GROUP_M=1,
     )
     ok &= check("gemm unfolded", y, x, packed, scale, None)
@@ -75,15 +77,62 @@ def main() -> int:
     packed, scale = random_packed(24, 640, reserved=True)
     same = True
     for dtype in (torch.float16, torch.float32, torch.bfloat16):
-        got = triton_ops.launch_dequant(triton_kernels.ternary_dequant_kernel, packed, scale, dtype, 16, 256)
+        got = launch_triton.launch_dequant(triton_kernels.ternary_dequant_kernel, packed, scale, dtype, 16, 256)
         want = ternop.dequantize(packed, scale, dtype)
         if dtype == torch.bfloat16:
             same &= bool(((got.float() - want.float()).abs() <= want.float().abs() * 2**-7).all())
         else:
             same &= torch.equal(got, want)
+    for layout in ("a16", "a8"):  # every layout dequantizes to the same weights
+        got = launch_triton.launch_dequant(
+            triton_kernels.ternary_dequant_kernel, layouts.repack(packed, layout), scale, torch.float32, 16, 256, layout
+        )
+        same &= torch.equal(got, ternop.dequantize(packed, scale, torch.float32))
     print(f"dequant: N=24 K=640 {'ok' if same else 'FAIL'}")
     ok &= same
+    ok &= check_fused()
     return 0 if ok else 1
+
+
+def check_fused() -> bool:
+    """The fused kernels' plain decoders (the GPU's inline asm is checked against them there).
+
+    bf16 arithmetic is wrong in the interpreter, so 16-bit activations run in fp16; the tiles
+    are small, split-K and the transposed product both run, x rows and the bias are strided.
+    """
+    ok = True
+    C = FusedConfig
+    for m, k, n, layout, config in [
+        (5, 256, 48, "v1", C(16, 16)),
+        (20, 384, 40, "a16", C(16, 32, swap=True)),
+        (33, 512, 24, "a8", C(16, 16, max_split_k=4)),
+    ]:
+        packed, scale = random_packed(n, k, reserved=layout != "a16")
+        repacked = layouts.repack(packed, layout)
+        x = torch.randn(m, 2 * k).to(torch.float16)[:, :k]
+        bias = torch.randn(2 * n).to(torch.float16)[::2]
+        y = launch_fused.linear_a16(x, repacked, scale, bias, layout, config)
+        ok &= check(f"fused a16 [{layout}]", y, x, packed, scale, bias)
+    q_ok = True
+    for m, k, n, layout, dtype, config in [
+        (7, 256, 40, "a8", torch.float32, C(16, 16)),
+        (33, 512, 24, "v1", torch.float16, C(16, 16, max_split_k=4)),
+        (3, 384, 20, "a16", torch.float32, C(16, 16)),
+    ]:
+        packed, scale = layouts.repack(random_packed(n, k)[0], layout), random_packed(n, k)[1]
+        x = torch.randn(m, k).to(dtype)
+        bias = torch.randn(2 * n).to(dtype)[::2]
+        y = launch_fused.linear_a8(x, packed, scale, bias, layout, config)
+        ref = linear_a8_fp64(x, packed, scale, bias, layout)
+        err = _rel_err(y, ref)
+        good = y.dtype == dtype and err <= (1e-6 if dtype == torch.float32 else 1e-3)
+        print(f"fused a8 [{layout}]: M={m} K={k} N={n} {dtype} rel err {err:.3g} {'ok' if good else 'FAIL'}")
+        ok &= good
+        q, s = launch_fused.quantize_rows(x)
+        q_np, s_np = quantize_rows_np(x)
+        q_ok &= bool((q.numpy() == q_np).all() and (s.numpy() == s_np).all())
+    print(f"quantize_rows: bit for bit {'ok' if q_ok else 'FAIL'}")
+    return ok and q_ok
 
 
 if __name__ == "__main__":
