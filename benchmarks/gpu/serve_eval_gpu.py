@@ -119,7 +119,7 @@ def bad_inputs(model: str) -> dict[str, bytes]:
 
 
 def serve_one(role: str, model_dir: Path, out: Path, args) -> dict:
-    from ternop.serve import Server, free_port, prepare
+    from ternop.cli.serve import Server, free_port, prepare
 
     port = free_port()
     name = f"{role}-model"
@@ -185,7 +185,7 @@ def main() -> int:
     log(f"environment: {summary}")
 
     if not args.skip_eval:
-        from ternop import evaldata
+        from ternop.cli import evaldata
 
         try:
             evaldata.require()

@@ -123,7 +123,7 @@ class Runner:
 
 
 def _build_models(work: Path, with_medium: bool) -> dict[str, tuple[Path, str]]:
-    from ternop.checkpoint import quantize_checkpoint
+    from ternop.quant.convert import quantize_checkpoint
     from tests.models import qwen3_medium, tiny_bert, tiny_qwen3
 
     models = {}

@@ -246,22 +246,23 @@ def _chunks(text: str, max_words: int = 160) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _training_cached() -> tuple[str, ...]:
-    out: list[str] = []
+def _training_cached() -> tuple[tuple[str, str], ...]:
+    """(source, text) pairs: source is ``lee_background``, ``pang_lee`` or ``wiki:<article title>``."""
+    out: list[tuple[str, str]] = []
     with open(_datapath("lee_background.cor"), encoding="latin-1") as f:
         for line in f:
-            out.extend(_chunks(line.strip()))
+            out.extend(("lee_background", c) for c in _chunks(line.strip()))
     held_out = set(retrieval_titles())
     for title, text in [*_wiki_cached(), *_read_pages(_WIKI_EXTRA)]:
         if title in held_out:
             continue
         for para in _prose_lines(text):
-            out.extend(_chunks(clean_markup(para)))
+            out.extend((f"wiki:{title}", c) for c in _chunks(clean_markup(para)))
     with open(_datapath("pang_lee_polarity.cor"), encoding="latin-1") as f:
         for line in f:
             text = re.sub(r"^__label__\w+\s*", "", line).strip()
             if len(text.split()) >= 6:
-                out.append(text)
+                out.append(("pang_lee", text))
     # Decontamination: related articles quote each other (e.g. two Academy Award pages), so a
     # chunk sharing any 10-word span with an evaluation text is dropped.
     banned = set()
@@ -271,10 +272,10 @@ def _training_cached() -> tuple[str, ...]:
     for doc in _lee50_cached()[0]:
         banned |= _shingles(doc)
     seen, unique = set(), []
-    for t in out:
+    for source, t in out:
         if t not in seen and not (_shingles(t) & banned):
             seen.add(t)
-            unique.append(t)
+            unique.append((source, t))
     return tuple(unique)
 
 
@@ -285,96 +286,15 @@ def _shingles(text: str, n: int = 10) -> set[str]:
 
 def training_texts(max_texts: int | None = None) -> list[str]:
     """Calibration/distillation text chunks (sentence to paragraph size), disjoint from evaluation text."""
-    texts = list(_training_cached())
+    texts = [t for _, t in _training_cached()]
     return texts[:max_texts] if max_texts is not None else texts
+
+
+def training_sources() -> list[tuple[str, str]]:
+    """(source, text) for each of :func:`training_texts`, in the same order: where each chunk came from."""
+    return list(_training_cached())
 
 
 def normalize_text(text: str) -> str:
     """Lower-case words separated by single spaces: the form used to check overlap."""
     return " ".join(re.findall(r"[a-z0-9]+", clean_markup(text).lower()))
-
-
-# --------------------------------------------------------------------------- embeddings
-
-
-def pooling_mode(model_dir: str) -> str:
-    """'mean', 'cls' or 'lasttoken', from a sentence-transformers folder or else the model type."""
-    import json
-    import os
-
-    pool_cfg = None
-    modules = os.path.join(model_dir, "modules.json")
-    if os.path.exists(modules):
-        with open(modules) as f:
-            for m in json.load(f):
-                if m.get("type", "").endswith("Pooling"):
-                    pool_cfg = os.path.join(model_dir, m.get("path", ""), "config.json")
-    if pool_cfg and os.path.exists(pool_cfg):
-        with open(pool_cfg) as f:
-            cfg = json.load(f)
-        for key, mode in (("pooling_mode_lasttoken", "lasttoken"), ("pooling_mode_cls_token", "cls")):
-            if cfg.get(key):
-                return mode
-        return "mean"
-    with open(os.path.join(model_dir, "config.json")) as f:
-        model_type = json.load(f).get("model_type", "")
-    encoders = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta", "modernbert")
-    return "mean" if model_type in encoders else "lasttoken"
-
-
-def max_seq_length(model_dir: str, default: int = 512) -> int:
-    import json
-    import os
-
-    path = os.path.join(model_dir, "sentence_bert_config.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return int(json.load(f).get("max_seq_length", default))
-    return default
-
-
-@torch.no_grad()
-def embed_model(model, tokenizer, texts, pooling: str = "mean", batch_size: int = 32, max_length: int = 512):
-    """Normalised sentence embeddings ``float32 [N, D]`` from an HF base model (``last_hidden_state``)."""
-    device = next(model.parameters()).device
-    out = []
-    for i in range(0, len(texts), batch_size):
-        batch = tokenizer(
-            list(texts[i : i + batch_size]), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        ).to(device)
-        hidden = model(**batch).last_hidden_state.float()
-        out.append(pool(hidden, batch["attention_mask"], pooling))
-    return torch.cat(out).cpu()
-
-
-def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
-    """hidden ``[B, T, D]``, attention mask ``[B, T]`` -> L2-normalised ``[B, D]`` (differentiable)."""
-    if pooling == "mean":
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        emb = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-    elif pooling == "cls":
-        emb = hidden[:, 0]
-    elif pooling == "lasttoken":
-        # Works for left and right padding: the last position whose mask is 1.
-        idx = mask.shape[1] - 1 - mask.flip(1).argmax(dim=1)
-        emb = hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
-    else:
-        raise ValueError(f"pooling must be 'mean', 'cls' or 'lasttoken', got {pooling!r}")
-    return torch.nn.functional.normalize(emb, dim=-1)
-
-
-def load_hf(model_dir: str, dtype=torch.float32):
-    """(model, tokenizer) for an fp HF model folder; the model is in eval mode."""
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir, dtype=dtype).eval()
-    return model, tokenizer
-
-
-def embed_hf(model_dir: str, texts, batch_size: int = 32) -> torch.Tensor:
-    """Embeds ``texts`` with the fp model in ``model_dir`` -> normalised ``float32 [N, D]``."""
-    model, tokenizer = load_hf(model_dir)
-    return embed_model(
-        model, tokenizer, texts, pooling_mode(model_dir), batch_size, max_seq_length(model_dir)
-    )

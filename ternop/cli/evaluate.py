@@ -1,7 +1,7 @@
 """``ternop eval BASE QUANT``: the quality and memory of a ternary checkpoint against its base model.
 
 Embedding models (the default path) are run through vLLM, or through transformers with
-``--backend hf``, on the evaluation texts of :mod:`ternop.evaldata`. The report has
+``--backend hf``, on the evaluation texts of :mod:`ternop.cli.evaldata`. The report has
   - cosine between the ternary and the base embedding of each text (mean and min);
   - Lee-50 document-similarity Spearman, for both models;
   - wiki retrieval R@1, R@10 and MRR, for both models;
@@ -14,7 +14,7 @@ override with ``--min NAME=X`` / ``--max NAME=X`` or a JSON file ``{"min": {...}
 The defaults catch a broken checkpoint (wrong codes, scales or layer mapping): a broken one
 scores near random (cosine ~0, MRR ~0.06). They do not certify quality; raise them for a release.
 
-Each vLLM model runs in its own subprocess (``python -m ternop.evaluate``): one ``LLM`` per
+Each vLLM model runs in its own subprocess (``python -m ternop.cli.evaluate``): one ``LLM`` per
 process is what vLLM supports, and it frees the first model's memory before the second loads.
 """
 
@@ -49,104 +49,15 @@ DEFAULT_GATES = {
 # ----------------------------------------------------------------------------------------
 
 
-def is_causal_lm(model_dir) -> bool:
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
-
-
-def load_hf_model(model_dir, causal: bool, dtype: torch.dtype = torch.float32, meta: bool = False) -> torch.nn.Module:
-    """An HF model for ``model_dir``; a ternary checkpoint's layers become ``TernaryLinear`` (the ternop op).
-
-    ``meta=True`` builds it on the meta device without reading weights: the layout, for counting bytes.
-    """
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-    from ternop.checkpoint import read_quant_config
-    from ternop.modules import TernaryLinear
-
-    auto = AutoModelForCausalLM if causal else AutoModel
-    quantized = read_quant_config(model_dir) is not None
-    if not quantized and not meta:
-        return auto.from_pretrained(str(model_dir), dtype=dtype).eval()
-    config_dict = json.loads((Path(model_dir) / "config.json").read_text())
-    config_dict.pop("quantization_config", None)
-    with torch.device("meta" if meta else "cpu"):
-        model = auto.from_config(AutoConfig.for_model(**config_dict), dtype=dtype).eval()
-    if not quantized:
-        return model
-    modules = dict(model.named_modules())
-    prefix = getattr(model, "base_model_prefix", "") + "."
-
-    def local(name: str) -> str:
-        # An encoder saved from a *ForXxx class has "bert." / "model." in front of AutoModel's names.
-        return name if name.split(".")[0] in modules or name in modules else name.removeprefix(prefix)
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    state = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                if name.endswith(".weight_packed"):
-                    ckpt_name = name.removesuffix(".weight_packed")
-                    target = modules.get(local(ckpt_name))
-                    if not isinstance(target, torch.nn.Linear):
-                        raise ValueError(f"{model_dir}: ternary layer {ckpt_name} has no nn.Linear in the model")
-                    layer = TernaryLinear(target.in_features, target.out_features, bias=target.bias is not None,
-                                          dtype=dtype, device="meta" if meta else None)
-                    parent, _, child = local(ckpt_name).rpartition(".")
-                    setattr(model.get_submodule(parent) if parent else model, child, layer)
-                if not meta:
-                    state[local(name)] = f.get_tensor(name)
-    if meta:
-        return model
-    missing, _ = model.load_state_dict(state, strict=False)
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    missing = [m for m in missing if "position_ids" not in m and not m.startswith("pooler.")
-               and not (tied and m == "lm_head.weight")]
-    if missing:
-        raise ValueError(f"{model_dir}: no weights in the checkpoint for {missing[:5]}")
-    if causal and tied:
-        model.tie_weights()
-    return model
-
-
-# ----------------------------------------------------------------------------------------
-# Embeddings: one model per call, HF in-process or vLLM in a subprocess
-# ----------------------------------------------------------------------------------------
-
-
-def max_length(model_dir) -> int:
-    """Tokens per text: sentence-transformers' max_seq_length, within the model's position table."""
-    from ternop.cli.evaldata import max_seq_length
-
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    positions = config.get("max_position_embeddings") or 1 << 30
-    return min(max_seq_length(str(model_dir)), positions)
-
-
-def _token_ids(model_dir, texts) -> tuple[list[list[int]], int]:
-    """Token ids truncated as sentence-transformers does, so both backends see the same input."""
-    from transformers import AutoTokenizer
-
-    max_len = max_length(model_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    return tok(list(texts), truncation=True, max_length=max_len)["input_ids"], max_len
-
-
 def embed_hf_model(model_dir, texts, dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
-    from transformers import AutoTokenizer
+    """Embeds ``texts`` through transformers (ternary layers via ternop's HF quantizer) -> (float32 [N, D], {})."""
+    from ternop.hf import embed_texts
 
-    from ternop.cli.evaldata import embed_model, pooling_mode
-
-    model = load_hf_model(model_dir, causal=False, dtype=dtype)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    emb = embed_model(model, tok, texts, pooling_mode(str(model_dir)), 16, max_length(model_dir))
-    return emb, {}
+    return embed_texts(model_dir, texts, dtype=dtype, batch_size=16), {}
 
 
 def embed_vllm(model_dir, texts, dtype: str, eager: bool, log_path) -> tuple[torch.Tensor, dict]:
-    """Embeds ``texts`` in a fresh ``python -m ternop.evaluate`` process -> (float32 [N, D], memory)."""
+    """Embeds ``texts`` in a fresh ``python -m ternop.cli.evaluate`` process -> (float32 [N, D], memory)."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.pt"
@@ -168,8 +79,10 @@ def embed_vllm(model_dir, texts, dtype: str, eager: bool, log_path) -> tuple[tor
 def _vllm_worker(job_path: str, out_path: str) -> int:
     from vllm import LLM
 
+    from ternop.hf.embedding import max_seq_length, token_ids
+
     job = json.loads(Path(job_path).read_text())
-    ids, max_len = _token_ids(job["model"], job["texts"])
+    ids, max_len = token_ids(job["model"], job["texts"]), max_seq_length(job["model"])
     llm = LLM(model=job["model"], runner="pooling", dtype=job["dtype"], max_model_len=max_len,
               enforce_eager=job["eager"], seed=0)
     outputs = llm.embed([{"prompt_token_ids": x} for x in ids], use_tqdm=False)
@@ -219,11 +132,10 @@ def embedding_report(base, quant, backend: str, dtype: str, eager: bool, log_pat
 @torch.no_grad()
 def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
     """Perplexity on the wiki sample for both models, and the same-top-token rate, through transformers."""
-    from transformers import AutoTokenizer
-
     from ternop.cli.evaldata import perplexity_texts
+    from ternop.hf import load_model, load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(base))
+    tok = load_tokenizer(base)
     window = min(512, json.loads((Path(base) / "config.json").read_text()).get("max_position_embeddings") or 512)
     docs = [tok(t, return_tensors="pt")["input_ids"][:, :window] for t in perplexity_texts()]
     budget, batches = max_tokens, []
@@ -235,7 +147,7 @@ def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
     models, memory, top = {}, {}, {}
     for role, path in (("base", base), ("ternary", quant)):
         _say(f"scoring {sum(b.shape[1] for b in batches)} tokens with the {role} model through transformers ...")
-        model = load_hf_model(path, causal=True, dtype=getattr(torch, dtype))
+        model = load_model(path, causal=True, dtype=getattr(torch, dtype))
         nll, count, tops = 0.0, 0, []
         for ids in batches:
             logits = model(input_ids=ids).logits[0, :-1].float()
@@ -255,12 +167,13 @@ def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
 
 def add_memory(report: dict, base, quant, dtype: str) -> None:
     """Adds bytes on disk, in memory (the model as ternop builds it, in ``dtype``) and the ratios."""
-    from ternop.checkpoint import load_ternary_layers
+    from ternop.checkpoint import ternary_prefixes
+    from ternop.hf import build_layout
 
-    prefixes = list(load_ternary_layers(quant))
+    prefixes = ternary_prefixes(quant)
     causal = report["kind"] == "causal"
     mem = report["memory"]
-    layouts = {role: load_hf_model(path, causal, getattr(torch, dtype), meta=True)
+    layouts = {role: build_layout(path, causal=causal, dtype=getattr(torch, dtype))
                for role, path in (("base", base), ("ternary", quant))}  # fmt: skip
     # The same architecture class builds both, so module names match: count the quantized layers only.
     names = {n for n, m in layouts["ternary"].named_modules() if type(m).__name__ == "TernaryLinear"}
@@ -381,11 +294,12 @@ def load_gates(kind: str, path: str | None, mins: list[str], maxs: list[str]) ->
 def add_arguments(parser) -> None:
     parser.add_argument("base", metavar="BASE", help="the fp model folder the checkpoint was made from")
     parser.add_argument("quant", metavar="QUANT", help="the ternary v1 checkpoint")
-    parser.add_argument("--json", metavar="OUT", default=None, help="write the full report as JSON")
+    parser.add_argument("--json", metavar="OUT", default=None,
+                        help="write the full report as JSON to OUT (its folder is created if missing)")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm",
-                        help="embedding models: run through vLLM (default) or transformers; causal LMs use hf")
+                        help="embedding models: run through vLLM or transformers; causal LMs always use hf")
     parser.add_argument("--dtype", default="float32", help="activation dtype for both models (float32, bfloat16, ...)")
-    parser.add_argument("--compile", action="store_true", help="vLLM: compile the model (default: eager)")
+    parser.add_argument("--compile", action="store_true", help="vLLM: compile the model instead of running eager")
     parser.add_argument("--max-tokens", type=int, default=8192, help="causal LMs: tokens scored for perplexity")
     parser.add_argument("--gate", action="store_true", help="exit 1 when a metric is outside its threshold")
     parser.add_argument("--thresholds", metavar="FILE", default=None,
@@ -397,19 +311,23 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    from ternop.checkpoint import model_folder, read_quant_config, safetensors_files
     from ternop.cli import evaldata
-    from ternop.checkpoint import read_quant_config
+    from ternop.hf.loading import is_causal_lm
 
+    # Every check that needs no model runs first: a mistake costs a second, not minutes of embedding.
+    safetensors_files(model_folder(args.base))
     if read_quant_config(args.quant) is None:
-        print(f"ternop eval: {args.quant} is not a ternary checkpoint (no quantization_config)", file=sys.stderr)
+        print(f"ternop eval: error: {args.quant} is not a ternary checkpoint (no quantization_config)", file=sys.stderr)
         return 2
     kind = "causal" if is_causal_lm(args.base) else "embedding"
-    try:
-        gates = load_gates(kind, args.thresholds, args.min, args.max)
-        evaldata.require()  # before any model loads: fail in a second, not after minutes
-    except (ValueError, OSError, evaldata.EvalDataError) as e:
-        print(f"ternop eval: {e}", file=sys.stderr)
-        return 2
+    gates = load_gates(kind, args.thresholds, args.min, args.max)
+    evaldata.require()
+    if args.json:
+        out = Path(args.json)
+        if out.is_dir():
+            raise ValueError(f"--json {args.json!r} is a folder; name the file to write")
+        out.parent.mkdir(parents=True, exist_ok=True)
     log = args.log or (str(Path(args.json).with_suffix(".vllm.log")) if args.json else
                        os.path.join(tempfile.gettempdir(), f"ternop-eval-{os.getpid()}.log"))
     backend = args.backend if kind == "embedding" else "hf"
@@ -428,7 +346,6 @@ def main(args) -> int:
     })
     print(format_table(report))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         _say(f"wrote {args.json}")
     return 1 if args.gate and failures else 0

@@ -6,13 +6,9 @@ layer's ``weight_packed`` and ``weight_scale``. Used by ``ternop eval`` for the 
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import torch
 
 _WEIGHT_NAMES = ("weight", "weight_packed", "weight_scale")
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def weight_memory(model: torch.nn.Module, linear_names=None) -> dict[str, int]:
@@ -60,16 +56,13 @@ def _is_linear(module) -> bool:
 
 def disk_bytes(model_dir, linear_prefixes) -> dict[str, int]:
     """Bytes of the *.safetensors files, and of the weights of the given linear layers (dense or ternary)."""
-    from safetensors import safe_open
+    from ternop.checkpoint import safetensors_files, tensor_index
 
-    total = linear = 0
     prefixes = set(linear_prefixes)
-    for file in sorted(Path(model_dir).glob("*.safetensors")):
-        total += file.stat().st_size
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                prefix, _, leaf = name.rpartition(".")
-                if prefix in prefixes and leaf in _WEIGHT_NAMES:
-                    s = f.get_slice(name)
-                    linear += math.prod(s.get_shape()) * _DTYPE_BYTES[s.get_dtype()]
+    total = sum(file.stat().st_size for file in safetensors_files(model_dir))
+    linear = 0
+    for name, info in tensor_index(model_dir).items():
+        prefix, _, leaf = name.rpartition(".")
+        if prefix in prefixes and leaf in _WEIGHT_NAMES:
+            linear += info.nbytes
     return {"disk_total": total, "disk_linear": linear}

@@ -297,7 +297,7 @@ class Server:
 def add_arguments(parser) -> None:
     parser.add_argument("model_dir", metavar="DIR", help="model folder (ternary v1 checkpoint or plain HF model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as 'model' (default: the folder's name)")
     parser.add_argument("--runner", choices=["auto", "pooling", "generate"], default="auto",
@@ -308,7 +308,8 @@ def add_arguments(parser) -> None:
                         help=f"context length (default: the model's, capped at {LONG_CONTEXT_CAP})")
     parser.add_argument("--max-inputs", type=int, default=DEFAULT_MAX_INPUTS,
                         help="most 'input' items per request; larger batches get 413")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="largest request body; larger ones get 413")
     parser.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
                         help="requests in flight before new ones get 503 (0: unbounded; needs a vLLM "
                              "with --max-num-queued-reqs)")
@@ -350,6 +351,10 @@ def prepare(model_dir, *, host: str = "127.0.0.1", port: int = 8000, served_mode
 
 
 def main(args) -> int:
+    from ternop.checkpoint import model_folder
+
+    if not (model_folder(args.model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {args.model_dir!r} has no config.json")
     cmd, env = prepare(args.model_dir, host=args.host, port=args.port, served_model_name=args.served_model_name,
                        runner=args.runner, dtype=args.dtype, max_model_len=args.max_model_len,
                        max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,

@@ -1,11 +1,15 @@
 """``ternop validate DIR [--tp N]``: is a ternary checkpoint loadable and shardable?
 
-Prints exactly three lines and exits non-zero if any says FAIL:
+Prints exactly three lines and exits 1 if any says FAIL (2 for a folder that does not exist):
 
-    CPU_UNPACK: OK|FAIL <reason>          codes legal, shapes right, unpacked values exact
+    CPU_UNPACK: OK|FAIL <reason>          codes legal, shapes right, an independent decoding agrees
     GPU_LOAD: OK|SKIPPED|FAIL <reason>    bytes copied to the CUDA device equal the bytes on disk
-    TP_SHARD: OK|FAIL <reason>            each rank's shard (through vLLM's loaders) equals a slice
+    TP_SHARD: OK|SKIPPED|FAIL <reason>    each rank's shard (through vLLM's loaders) equals a slice
                                           of the full matrix, for every fused layer
+
+Without ``--tp``, TP_SHARD checks tensor parallelism 1 and every larger size up to 8 at which
+the checkpoint's layers split on whole 128-weight blocks, and names those sizes; with ``--tp N``
+it checks N alone. GPU_LOAD and TP_SHARD are SKIPPED when CPU_UNPACK fails.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import sys
 
 import torch
 
+from ternop.format import BLOCK_SIZE
+
+MAX_TP = 8
+
 
 def _independent_values(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [N, K/4] -> int8 values [N, K], written from the format text without ternop's unpacker."""
@@ -27,6 +35,14 @@ def _independent_values(packed: torch.Tensor) -> torch.Tensor:
     return out.reshape(packed.shape[0], -1)
 
 
+def _independent_dense(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 [N, K]: each 128-block of the independent values times its scale, by broadcasting."""
+    values = _independent_values(packed).to(torch.float32)
+    n, k = values.shape
+    blocks = values.reshape(n, k // BLOCK_SIZE, BLOCK_SIZE) * scale.to(torch.float32).unsqueeze(-1)
+    return blocks.reshape(n, k)
+
+
 def check_cpu_unpack(path) -> str:
     """Raises on the first problem; returns a short summary."""
     from ternop.checkpoint import CheckpointError, load_ternary_layers, read_quant_config
@@ -34,24 +50,21 @@ def check_cpu_unpack(path) -> str:
 
     qc = read_quant_config(path)
     if qc is None:
-        raise CheckpointError("config.json has no quantization_config; not a ternary checkpoint")
+        raise CheckpointError("not a ternary checkpoint: config.json has no quantization_config")
     layers = load_ternary_layers(path)
     if not layers:
-        raise CheckpointError("no <prefix>.weight_packed tensors found")
+        raise CheckpointError("not a ternary checkpoint: no <prefix>.weight_packed tensors found")
     skipped = set(qc["modules_to_not_convert"])
     n_weights = 0
     for prefix, (packed, scale) in layers.items():
         validate(packed, scale, prefix)
         if prefix in skipped:
             raise CheckpointError(f"{prefix}: is ternary but listed in modules_to_not_convert")
-        values = codes_to_values(unpack_codes(packed))
-        if not torch.equal(values, _independent_values(packed)):
+        if not torch.equal(codes_to_values(unpack_codes(packed)), _independent_values(packed)):
             raise CheckpointError(f"{prefix}: unpacked codes differ from the format's bit layout")
-        dense = dequantize(packed, scale)
-        want = values.to(torch.float32) * scale.to(torch.float32).repeat_interleave(128, dim=1)
-        if not torch.equal(dense, want):
-            raise CheckpointError(f"{prefix}: dequantized weight differs from value * scale")
-        n_weights += values.numel()
+        if not torch.equal(dequantize(packed, scale), _independent_dense(packed, scale)):
+            raise CheckpointError(f"{prefix}: dequantized weight differs from value x block scale")
+        n_weights += packed.numel() * 4
     return f"{len(layers)} layers, {n_weights:,} weights"
 
 
@@ -73,20 +86,29 @@ def check_gpu_load(path) -> str | None:
     return f"{len(layers)} layers on {torch.cuda.get_device_name(device)}"
 
 
-def check_tp_shard(path, tp: int) -> str:
+def check_tp_shard(path, tp: int | None) -> str:
+    """With ``tp``, that size only; without, 1 and every supported size up to MAX_TP."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    from ternop.vllm_plugin.sharding import check_tp_shards_dir
+    from ternop.checkpoint import load_config, load_ternary_layers
+    from ternop.vllm_plugin.sharding import check_tp_shards, supported_tp_sizes
 
-    groups = check_tp_shards_dir(path, tp)
+    layers, config = load_ternary_layers(path), load_config(path)
+    supported = supported_tp_sizes(layers, config, MAX_TP)
+    sizes = [tp] if tp is not None else [1, *(t for t in supported if t > 1)]
+    for size in sizes:
+        groups = check_tp_shards(layers, config, size)
     kinds = sorted({g.split("(")[1].split(",")[0] for g in groups})
-    return f"tp={tp}, {len(groups)} layers ({', '.join(kinds)})"
+    detail = f"tp={', '.join(map(str, sizes))}: {len(groups)} layers ({', '.join(kinds)})"
+    if tp is None:
+        detail += f"; supported tp sizes up to {MAX_TP}: {', '.join(map(str, supported))}"
+    return detail
 
 
-def run(path, tp: int = 2) -> tuple[list[str], bool]:
+def run(path, tp: int | None = None) -> tuple[list[str], bool]:
     """The three status lines and whether all passed."""
     lines, ok = [], True
 
-    def one(label, fn, *args):
+    def one(label, fn, *args) -> bool:
         nonlocal ok
         try:
             # vLLM and others may print on stdout; the three status lines must be the only output there.
@@ -95,27 +117,32 @@ def run(path, tp: int = 2) -> tuple[list[str], bool]:
         except Exception as e:  # noqa: BLE001  (the reason is the report)
             ok = False
             lines.append(f"{label}: FAIL {type(e).__name__}: {e}".replace("\n", " "))
-            return
-        if detail is None:
-            lines.append(f"{label}: SKIPPED (no CUDA device)")
-        else:
-            lines.append(f"{label}: OK ({detail})")
+            return False
+        lines.append(f"{label}: SKIPPED (no CUDA device)" if detail is None else f"{label}: OK ({detail})")
+        return True
 
-    one("CPU_UNPACK", check_cpu_unpack, path)
-    one("GPU_LOAD", check_gpu_load, path)
-    one("TP_SHARD", check_tp_shard, path, tp)
+    if one("CPU_UNPACK", check_cpu_unpack, path):
+        one("GPU_LOAD", check_gpu_load, path)
+        one("TP_SHARD", check_tp_shard, path, tp)
+    else:
+        lines += ["GPU_LOAD: SKIPPED (CPU_UNPACK failed)", "TP_SHARD: SKIPPED (CPU_UNPACK failed)"]
     return lines, ok
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="ternary v1 checkpoint folder")
-    parser.add_argument("--tp", type=int, default=2, metavar="N", help="tensor-parallel size to simulate (default 2)")
+    parser.add_argument("--tp", type=int, default=None, metavar="N",
+                        help=f"check this tensor-parallel size only (default: 1 and every size up to {MAX_TP} "
+                             "the checkpoint supports)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.tp < 1:
+    from ternop.checkpoint import model_folder
+
+    if args.tp is not None and args.tp < 1:
         print(f"ternop validate: error: --tp must be >= 1, got {args.tp}", file=sys.stderr)
         return 2
+    model_folder(args.dir)  # a missing folder is a usage error (exit 2), not a FAIL line
     lines, ok = run(args.dir, args.tp)
     for line in lines:
         print(line)

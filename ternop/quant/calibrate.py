@@ -28,15 +28,15 @@ result is never worse than ``optimal`` on the calibration objective.
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from ternop.format import BLOCK_SIZE, SCALE_DTYPE, pack_codes, values_to_codes
 from ternop.quantize import quantize_to_values
-from ternop.selection import should_quantize
+from ternop.selection import select_linears
 
 
 def _layer_loss(w_target: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
@@ -169,14 +169,6 @@ class _Stop(Exception):
     pass
 
 
-def _target_linears(model: nn.Module, skip=()) -> dict[str, nn.Linear]:
-    out = {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and should_quantize(name, module.in_features, skip)[0]:
-            out[name] = module
-    return out
-
-
 def _batches(tokenizer, texts, seq_len: int, max_tokens: int, batch_size: int):
     """Tokenised batches (dicts of tensors) holding at most ``max_tokens`` real tokens."""
     out, total = [], 0
@@ -267,7 +259,7 @@ def calibrate_model(
     if not texts:
         raise ValueError("calibration needs at least one text")
     model.eval()
-    linears = _target_linears(model, skip)
+    linears, _ = select_linears(model, skip)
     batches = _batches(tokenizer, texts, seq_len, max_tokens, batch_size)
     groups = _groups(model, linears, batches[0])
     fp_inputs = {}
@@ -298,7 +290,9 @@ def calibrate_model(
 
 
 def read_calibration_text(path: str) -> list[str]:
-    """One text per non-empty line of a UTF-8 file."""
+    """One text per non-empty line of a UTF-8 file; ValueError naming the file if it is missing or empty."""
+    if not os.path.isfile(path):
+        raise ValueError(f"calibration file {path!r} does not exist or is not a file")
     with open(path, encoding="utf-8", errors="replace") as f:
         texts = [line.strip() for line in f if line.strip()]
     if not texts:
@@ -309,46 +303,6 @@ def read_calibration_text(path: str) -> list[str]:
 def to_packed(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(values int8 [N, K], scale fp16 [N, K/128]) -> (weight_packed uint8 [N, K/4], weight_scale fp16)."""
     return pack_codes(values_to_codes(values)), scale.to(SCALE_DTYPE).contiguous()
-
-
-def _hf_name_map(model: nn.Module, names) -> dict[str, str]:
-    """Model module name -> checkpoint tensor prefix (they differ by the base-model prefix, if at all)."""
-    base = getattr(model, "base_model_prefix", "")
-    return {n: n for n in names} | {f"{base}.{n}": n for n in names if base}
-
-
-def make_quantizer(src, calib: str, skip=(), progress: bool = True, **kwargs):
-    """The ``calibrated`` method of ``ternop quantize``: (prefix, weight) -> (packed, scale).
-
-    Calibrates the whole model from ``src`` on the text file ``calib`` up front, then answers
-    per layer. A layer the calibration did not see falls back to ``optimal`` rounding.
-    """
-    from ternop.cli.evaldata import load_hf
-    from ternop.quantize import quantize_weight
-
-    model, tokenizer = load_hf(str(src))
-    results = calibrate_model(model, tokenizer, read_calibration_text(calib), skip, progress=progress, **kwargs)
-    names = _hf_name_map(model, results)
-    packed = {}
-    for name, (values, scale) in results.items():
-        packed[name] = to_packed(values, scale)
-    table = {alias: packed[name] for alias, name in names.items()}
-
-    def quantizer(prefix: str, weight: torch.Tensor):
-        if prefix in table:
-            return table[prefix]
-        print(f"ternop: {prefix} was not reached by calibration; using optimal rounding", file=sys.stderr)
-        return quantize_weight(weight, "optimal")
-
-    return quantizer
-
-
-def quantize_checkpoint_calibrated(src, dst, calib_file: str, skip=(), progress: bool = True, **kwargs):
-    """Writes a calibrated v1 checkpoint from the HF folder ``src``; returns the checkpoint report."""
-    from ternop.checkpoint import quantize_checkpoint
-
-    quantizer = make_quantizer(Path(src), calib_file, skip, progress, **kwargs)
-    return quantize_checkpoint(src, dst, method="calibrated", skip=skip, progress=progress, quantizer=quantizer)
 
 
 def _bar(total: int, enabled: bool):

@@ -1,4 +1,4 @@
-"""``ternop distill``: quantization-aware distillation of an embedding model into ternary weights.
+"""Quantization-aware distillation of an embedding model into ternary weights (``ternop distill``).
 
 The student is the base model with every selected linear layer (``ternop.selection``) made
 ternary by a straight-through estimator: the forward pass uses ``s * round(clamp(W / s, -1, 1))``
@@ -6,26 +6,56 @@ per 128-block along K, from latent dense weights ``W`` and learnable per-block s
 backward pass treats the rounding as the identity (gradients reach both W and s). Biases and
 norms train too; embeddings stay frozen. The teacher is the fp base model. The loss is
 ``1 - cos`` between student and teacher sentence embeddings (the model's own pooling), plus
-``--hidden-weight`` times the teacher-normalised MSE of the last hidden states (real tokens).
+``hidden_weight`` times the teacher-normalised MSE of the last hidden states (real tokens).
 
-The student starts from the calibrated ternarization (``ternop.calibrate``) or from optimal
-rounding. State (latent weights, scales, optimizer, step) is saved to ``DST.distill-state.pt``
-every ``--save-every`` steps; ``--resume`` continues from it. At the end the codes and scales
-are written as a standard format-v1 checkpoint (``ternop.checkpoint.write_checkpoint``).
+The student starts from the calibrated ternarization (``ternop.quant.calibrate``) or from
+optimal rounding. State (latent weights, scales, optimizer, step) is saved every
+``save_every`` steps so that a run can stop and resume; it is removed once the checkpoint is
+written (unless ``keep_state``). The result is a standard format-v1 checkpoint.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ternop.format import BLOCK_SIZE, SCALE_DTYPE
+from ternop.selection import select_linears
+
+
+@dataclass
+class DistillConfig:
+    """Every knob of a distillation run; ``ternop distill``'s options map one to one."""
+
+    steps: int = 400
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 2e-4
+    lr_scale: float = 1e-4
+    hidden_weight: float = 1.0
+    init: str = "calibrated"
+    calib_tokens: int = 8192
+    skip: tuple[str, ...] = ()
+    device: str = "cpu"
+    resume: bool = False
+    state: str | None = None
+    keep_state: bool = False
+    save_every: int = 50
+    stop_at: int | None = None
+    seed: int = 0
+    quiet: bool = False
+    overwrite: bool = False
+
+
+def default_state_path(dst) -> Path:
+    """Where a run's resumable state goes by default: beside DST, as ``DST.distill-state.pt``."""
+    return Path(f"{str(dst).rstrip('/')}.distill-state.pt")
 
 
 class QATLinear(nn.Module):
@@ -61,14 +91,14 @@ class QATLinear(nn.Module):
 
 def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, progress: bool):
     """name -> (values int8 [N, K], scale fp32 [N, K/128]) for the selected linears."""
-    from ternop.quant.calibrate import _target_linears, calibrate_model
+    from ternop.quant.calibrate import calibrate_model
     from ternop.quantize import quantize_to_values
 
     if init == "calibrated":
         res = calibrate_model(student, tokenizer, texts, skip, max_tokens=calib_tokens, progress=progress)
         return {name: (v, s.float()) for name, (v, s) in res.items()}
     out = {}
-    for name, layer in _target_linears(student, skip).items():
+    for name, layer in select_linears(student, skip)[0].items():
         v, s = quantize_to_values(layer.weight.detach(), init)
         out[name] = (v, s.float())
     return out
@@ -99,7 +129,7 @@ def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) -> tuple[torch.Tensor, dict]:
-    from ternop.cli.evaldata import pool
+    from ternop.hf.embedding import pool
 
     with torch.no_grad():
         th = teacher(**batch).last_hidden_state.float()
@@ -117,77 +147,88 @@ def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) ->
     return loss, stats
 
 
-def export(
-    base: str, dst: str, student: nn.Module, layers: dict[str, QATLinear], skipped: list[str], progress: bool = True
-) -> None:
-    """Writes the student as a v1 checkpoint at ``dst`` (replacing it): ternary layers + trained biases/norms."""
-    from safetensors import safe_open
+def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    out = []
+    for name, p in student.named_parameters():
+        frozen = "embed" in name.lower() or name.startswith("pooler.") or ".pooler." in name
+        p.requires_grad_(not frozen)
+        if not frozen:
+            out.append((name, p))
+    return out
 
+
+def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) -> tuple[torch.Tensor, dict]:
+    from ternop.hf.embedding import pool
+
+    with torch.no_grad():
+        th = teacher(**batch).last_hidden_state.float()
+        te = pool(th, batch["attention_mask"], pooling)
+    sh = student(**batch).last_hidden_state.float()
+    se = pool(sh, batch["attention_mask"], pooling)
+    cos = (se * te).sum(-1)
+    loss = (1.0 - cos).mean()
+    stats = {"cos": float(cos.detach().mean())}
+    if hidden_weight > 0:
+        m = batch["attention_mask"].bool()
+        mse = ((sh - th)[m] ** 2).mean() / (th[m] ** 2).mean().clamp(min=1e-12)
+        loss = loss + hidden_weight * mse
+        stats["hmse"] = float(mse.detach())
+    return loss, stats
+
+
+def export(base, dst, student: nn.Module, layers: dict[str, QATLinear], dense: list[str], *,
+           progress: bool = True, overwrite: bool = False) -> None:  # fmt: skip
+    """Writes the student as a v1 checkpoint at ``dst``: ternary layers, and trained biases and norms.
+
+    ``dense`` names the student's linear layers left dense (they go to ``modules_to_not_convert``).
+    """
+    from ternop.checkpoint import tensor_index, write_checkpoint
+    from ternop.hf.names import module_to_checkpoint
     from ternop.quant.calibrate import to_packed
-    from ternop.checkpoint import _safetensors_files, write_checkpoint
 
-    keys, dtypes = set(), {}
-    for file in _safetensors_files(Path(base)):
-        with safe_open(str(file), framework="pt") as f:
-            for k in f.keys():
-                keys.add(k)
-                dtypes[k] = f.get_slice(k).get_dtype()
-    prefix = getattr(student, "base_model_prefix", "")
-
-    def ckpt_name(name: str) -> str | None:
-        for cand in (name, f"{prefix}.{name}"):
-            if cand in keys:
-                return cand
-        return None
-
+    index = tensor_index(base)
+    params = dict(student.named_parameters())
+    names = module_to_checkpoint(student, [*params, *(f"{n}.weight" for n in dense)], index)
     quantized, overrides = {}, {}
     for name, layer in layers.items():
-        values = layer.values()
+        values = layer.values().cpu()
         scale = layer.scale.detach().float().cpu()
-        neg = (scale < 0).repeat_interleave(BLOCK_SIZE, dim=1)
-        values = torch.where(neg, -values.cpu(), values.cpu())
-        key = ckpt_name(name + ".weight")
+        # A negative learnt scale is stored positive with its codes flipped (FORMAT.md: writers emit scales >= 0).
+        values = torch.where((scale < 0).repeat_interleave(BLOCK_SIZE, dim=1), -values, values)
+        key = names.get(name + ".weight")
         if key is None:
-            raise ValueError(f"{name}: no {name}.weight in the base checkpoint {base!r}")
+            raise ValueError(f"{name}: no {name}.weight in the base checkpoint {str(base)!r}")
         quantized[key[: -len(".weight")]] = to_packed(values, scale.abs().to(SCALE_DTYPE))
-    st_to_torch = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-    for name, p in student.named_parameters():
-        if name.endswith(".weight") and name[: -len(".weight")] in layers or name.endswith(".scale"):
+    for name, p in params.items():
+        if name.endswith(".scale") or (name.endswith(".weight") and name[: -len(".weight")] in layers):
             continue
-        key = ckpt_name(name)
-        if key is not None and p.requires_grad:
-            overrides[key] = p.detach().cpu().to(st_to_torch.get(dtypes[key], torch.float32)).contiguous()
-    write_checkpoint(base, dst, quantized, modules_to_not_convert=skipped, overrides=overrides,
-                     progress=progress, overwrite=True)  # fmt: skip
+        if name in names and p.requires_grad:
+            key = names[name]
+            overrides[key] = p.detach().cpu().to(index[key].dtype).contiguous()
+    not_converted = [names[f"{n}.weight"][: -len(".weight")] for n in dense if f"{n}.weight" in names]
+    write_checkpoint(base, dst, quantized, modules_to_not_convert=not_converted, overrides=overrides,
+                     progress=progress, overwrite=overwrite)  # fmt: skip
 
 
-def _read_data(data: str) -> list[str]:
-    if data == "builtin":
-        from ternop.cli.evaldata import training_texts
+def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
+    """Distils the fp model in ``base`` on ``texts`` and writes the checkpoint ``dst``.
 
-        return training_texts()
-    from ternop.quant.calibrate import read_calibration_text
-
-    return read_calibration_text(data)
-
-
-def run(args: argparse.Namespace) -> dict:
-    """The whole distillation; returns a summary dict (steps, final loss/cos, seconds)."""
+    Returns a summary: steps, seconds, the last batch's loss and cosine, ``stopped`` when
+    ``stop_at`` came first (then nothing is written and the state stays), and ``state``.
+    """
     from tqdm import tqdm
 
-    from ternop.quant.calibrate import _target_linears
-    from ternop.cli.evaldata import load_hf, pooling_mode
+    from ternop.hf import load_model, load_tokenizer, pooling_mode
 
+    if not texts:
+        raise ValueError("distillation needs at least one training text")
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    state_path = Path(args.state or f"{str(args.dst).rstrip('/')}.distill-state.pt")
-    texts = _read_data(args.data)
-    teacher, tokenizer = load_hf(args.base)
-    student, _ = load_hf(args.base)
-    pooling = pooling_mode(args.base)
-    skipped = [
-        n for n, m in student.named_modules() if isinstance(m, nn.Linear) and n not in _target_linears(student, args.skip)
-    ]
+    state_path = Path(args.state) if args.state else default_state_path(dst)
+    teacher, tokenizer = load_model(base, causal=False), load_tokenizer(base)
+    student = load_model(base, causal=False)
+    pooling = pooling_mode(base)
+    targets, dense = select_linears(student, args.skip)
     state = torch.load(state_path, map_location="cpu") if args.resume and state_path.exists() else None
     if args.resume and state is None:
         print(f"ternop distill: no state at {state_path}; starting from scratch", file=sys.stderr)
@@ -197,7 +238,7 @@ def run(args: argparse.Namespace) -> dict:
     else:
         # Shapes only: the saved state overwrites values and scales below.
         init = {n: (torch.zeros_like(m.weight, dtype=torch.int8), torch.ones(m.out_features, m.in_features // BLOCK_SIZE))
-                for n, m in _target_linears(student, args.skip).items()}  # fmt: skip
+                for n, m in targets.items()}  # fmt: skip
     layers = build_student(student, init)
     teacher.to(device).eval()
     student.to(device).train()
@@ -243,50 +284,9 @@ def run(args: argparse.Namespace) -> dict:
             tmp.replace(state_path)
     bar.close()
     if step < total:
-        return {"steps": step, "seconds": time.time() - t0, "stopped": True, **stats}
+        return {"steps": step, "seconds": time.time() - t0, "stopped": True, "state": str(state_path), **stats}
     student.eval()
-    export(args.base, args.dst, student.cpu(), layers, skipped, progress=not args.quiet)
-    return {"steps": step, "seconds": time.time() - t0, **stats}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("base", help="fp Hugging Face embedding model folder (the teacher and the start)")
-    parser.add_argument("dst", help="output folder for the ternary v1 checkpoint (replaced if it exists)")
-    parser.add_argument("--data", default="builtin",
-                        help="training text file, one text per line; 'builtin' = ternop.evaldata.training_texts() "
-                             "(disjoint from the evaluation sets)")
-    parser.add_argument("--steps", type=int, default=400, help="optimizer steps (default 400)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per text at most")
-    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate of latent weights, biases, norms")
-    parser.add_argument("--lr-scale", type=float, default=1e-4, help="learning rate of the block scales")
-    parser.add_argument("--hidden-weight", type=float, default=1.0,
-                        help="weight of the hidden-state MSE term (0 = embedding cosine only)")
-    parser.add_argument("--init", choices=["calibrated", "optimal", "absmean"], default="calibrated")
-    parser.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens for --init calibrated")
-    parser.add_argument("--skip", nargs="+", default=[], metavar="PATTERN", help="keep matching modules dense")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--resume", action="store_true", help="continue from the saved state")
-    parser.add_argument("--state", default=None, help="state file (default: DST.distill-state.pt)")
-    parser.add_argument("--save-every", type=int, default=50, help="save the state every N steps")
-    parser.add_argument("--stop-at", type=int, default=None, metavar="STEP",
-                        help="save the state and stop after STEP (continue later with --resume)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")  # fmt: skip
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        print(f"ternop distill: error: --steps must be >= 1, got {args.steps}", file=sys.stderr)
-        return 2
-    try:
-        summary = run(args)
-    except (ValueError, OSError) as e:
-        print(f"ternop distill: error: {e}", file=sys.stderr)
-        return 2
-    if summary.get("stopped"):
-        print(f"stopped at step {summary['steps']} of {args.steps}; continue with --resume")
-        return 0
-    print(f"distilled {summary['steps']} steps in {summary['seconds']:.0f} s "
-          f"(last batch cosine {summary.get('cos', float('nan')):.4f}) -> {args.dst}")  # fmt: skip
-    return 0
+    export(base, dst, student.cpu(), layers, list(dense), progress=not args.quiet, overwrite=args.overwrite)
+    if not args.keep_state:
+        state_path.unlink(missing_ok=True)
+    return {"steps": step, "seconds": time.time() - t0, "state": str(state_path) if args.keep_state else None, **stats}

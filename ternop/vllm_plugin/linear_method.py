@@ -95,18 +95,21 @@ class TernaryLinearMethod(LinearMethodBase):
         layer.register_parameter("weight_packed", weight_packed)
         layer.register_parameter("weight_scale", weight_scale)
         layer.ternop_prefix = prefix
+        layer.ternop_act_dtype = params_dtype
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Checks the loaded codes and scales; casts the bias to the activation dtype once.
+
+        The parameters stay vLLM's own classes with their ``weight_loader``, so a weight
+        reload (``LLM.collective_rpc("reload_weights")``, RL weight sync) loads into them again.
+        """
         prefix = getattr(layer, "ternop_prefix", self.prefix)
         validate(layer.weight_packed.data, layer.weight_scale.data, name=prefix)
-        # Plain Parameters from here on: the vLLM subclasses carry loaders that the forward
-        # pass never needs, and Dynamo traces plain tensors more simply.
-        for name in ("weight_packed", "weight_scale"):
-            data = getattr(layer, name).data
-            delattr(layer, name)
-            layer.register_parameter(name, torch.nn.Parameter(data, requires_grad=False))
+        bias = getattr(layer, "bias", None)
+        dtype = getattr(layer, "ternop_act_dtype", None)
+        if isinstance(bias, torch.Tensor) and dtype is not None and bias.dtype != dtype:
+            bias.data = bias.data.to(dtype)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
+        # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.
         return torch.ops.ternop.linear(x, layer.weight_packed, layer.weight_scale, bias)

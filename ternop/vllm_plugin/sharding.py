@@ -116,6 +116,34 @@ def _build(kind: str, fused_prefix: str, full, config_heads, quant_config):
     return cls(k, full[0][0].shape[0], bias=False, quant_config=quant_config, prefix=fused_prefix)
 
 
+def supported_tp_sizes(layers: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: Mapping,
+                       max_tp: int = 8) -> list[int]:  # fmt: skip
+    """The tensor-parallel sizes up to ``max_tp`` at which every ternary layer splits on whole blocks and heads.
+
+    Row-parallel layers need K/tp to be a multiple of 128; column, merged and fused QKV layers
+    need each part's N divisible by tp; QKV also needs the heads to split (vLLM replicates
+    key/value heads when tp exceeds them). The arithmetic only: :func:`check_tp_shards` loads
+    the shards through vLLM to prove it.
+    """
+    groups = plan_groups(layers)
+    heads_info = _heads(config) if any(kind == "qkv" for kind, _, _ in groups) else None
+    out = []
+    for tp in range(1, max_tp + 1):
+        ok = True
+        for kind, _, parts in groups:
+            packed = [layers[p][0] for p, _ in parts]
+            if kind == "row":
+                ok &= (packed[0].shape[1] * 4) % (tp * BLOCK_SIZE) == 0
+            elif kind == "qkv":
+                heads, kv, _ = heads_info
+                ok &= heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+            else:
+                ok &= all(pk.shape[0] % tp == 0 for pk in packed)
+        if ok:
+            out.append(tp)
+    return out
+
+
 def check_tp_shards(
     layers: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: Mapping, tp: int
 ) -> list[str]:

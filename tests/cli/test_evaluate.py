@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 import torch
 
 from ternop.cli import evaluate, memory
-from ternop.checkpoint import quantize_checkpoint
+from ternop.quant.convert import quantize_checkpoint
 from ternop.format import BLOCK_SIZE
-from tests.models import _vocab_tokenizer, hf_model_from_checkpoint, tiny_bert, tiny_qwen3
+from ternop.hf import build_layout, load_model
+from tests.models import _vocab_tokenizer, tiny_bert, tiny_qwen3
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +42,19 @@ def causal_pair(tmp_path_factory):
 
 
 def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
-    return evaluate.main(parser.parse_args(argv))
+    """``ternop eval ARGV``, in this process, with the console script's error handling."""
+    from ternop.cli import main
+
+    return main(["eval", *argv])
 
 
 def test_evaluate_loader_matches_dequantized_reference(bert_pair):
     """The TernaryLinear model computes what dense layers with the dequantized weights compute."""
     _, quant = bert_pair
-    model = evaluate.load_hf_model(quant, causal=False)
+    model = load_model(quant, causal=False)
     kinds = {type(m).__name__ for m in model.modules()}
     assert "TernaryLinear" in kinds
-    reference = hf_model_from_checkpoint(quant)
+    reference = load_model(quant, causal=False, dense=True)
     ids = torch.randint(5, 40, (2, 9))
     with torch.no_grad():
         got = model(input_ids=ids).last_hidden_state
@@ -63,19 +64,19 @@ def test_evaluate_loader_matches_dequantized_reference(bert_pair):
 
 def test_evaluate_memory_counts_bytes_of_the_layout(bert_pair):
     base, quant = bert_pair
-    names = list(evaluate.load_hf_model(quant, causal=False, meta=True).named_modules())
+    names = list(build_layout(quant, causal=False).named_modules())
     ternary = [m for _, m in names if type(m).__name__ == "TernaryLinear"]
     weights = sum(m.in_features * m.out_features for m in ternary)
     left_dense = sum(m.weight.numel() for _, m in names if isinstance(m, torch.nn.Linear))  # e.g. the pooler
     assert left_dense > 0
     prefixes = [n for n, m in names if type(m).__name__ == "TernaryLinear"]
-    got = memory.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
-    dense = memory.weight_memory(evaluate.load_hf_model(base, causal=False, meta=True))
+    got = memory.weight_memory(build_layout(quant, causal=False))
+    dense = memory.weight_memory(build_layout(base, causal=False))
     # 2 bits per weight plus one fp16 scale per 128 weights, vs 4 bytes per fp32 weight.
     assert got["mem_linear"] == weights // 4 + weights // BLOCK_SIZE * 2 + left_dense * 4
     assert dense["mem_linear"] == (weights + left_dense) * 4
     assert dense["mem_total"] - got["mem_total"] == dense["mem_linear"] - got["mem_linear"]
-    only = memory.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True), set(prefixes))
+    only = memory.weight_memory(build_layout(quant, causal=False), set(prefixes))
     assert only["mem_linear"] == weights // 4 + weights // BLOCK_SIZE * 2
     disk_t, disk_b = memory.disk_bytes(quant, prefixes), memory.disk_bytes(base, prefixes)
     assert disk_t["disk_linear"] == weights // 4 + weights // BLOCK_SIZE * 2
@@ -99,7 +100,7 @@ def test_evaluate_gates_defaults_flags_and_file(tmp_path):
 
 def test_evaluate_embedding_report_hf(bert_pair, tmp_path, capsys):
     base, quant = bert_pair
-    out = tmp_path / "report.json"
+    out = tmp_path / "new-folder" / "report.json"  # a missing folder is created, not a traceback
     assert _run([str(base), str(quant), "--backend", "hf", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "Lee-50 Spearman" in table and "cosine to base, mean" in table
@@ -171,6 +172,17 @@ def test_evaluate_vllm_embeddings_match_hf(tmp_path):
     want, _ = evaluate.embed_hf_model(quant, texts, torch.float32)
     assert got.shape == want.shape == (3, 256)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    layout = memory.weight_memory(evaluate.load_hf_model(quant, causal=False, meta=True))
+    layout = memory.weight_memory(build_layout(quant, causal=False))
     if counted:  # counted inside vLLM: the same packed bytes as ternop's own layout
         assert counted["vllm_mem_linear"] == layout["mem_linear"]
+
+
+def test_evaluate_missing_folders_and_json_folder_are_messages(bert_pair, tmp_path, capsys):
+    base, quant = bert_pair
+    assert _run([str(tmp_path / "nope"), str(quant), "--backend", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert "model folder" in err and "does not exist" in err and "Traceback" not in err
+    assert _run([str(base), str(tmp_path / "nope"), "--backend", "hf"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert _run([str(base), str(quant), "--backend", "hf", "--json", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err

@@ -120,7 +120,7 @@ def test_serve_request_limits_middleware(monkeypatch):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from ternop.checkpoint import quantize_checkpoint
+    from ternop.quant.convert import quantize_checkpoint
 
     root = tmp_path_factory.mktemp("serve")
     quant = root / "minilm-ternary"
@@ -237,10 +237,11 @@ def _assert_clean(stats, inputs_each: int) -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_serve_load_100_clients(server):
-    """100 concurrent clients within capacity: every request is answered, nothing is dropped."""
+    """100 concurrent clients within capacity: every request succeeds, nothing is dropped or refused."""
     stats = _load(server, clients=100, requests_each=3, inputs_each=2)
     _assert_clean(stats, 2)
-    assert stats["ok"] >= stats["requests"] // 2  # 200 inputs in flight fit the 256-request queue
+    # 100 clients x 2 inputs = 200 engine requests in flight at most: within the 256-request queue.
+    assert stats["requests"] == 300 and stats["ok"] == 300, stats["statuses"]
     _assert_serving(server)
 
 

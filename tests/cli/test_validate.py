@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ternop.cli import validate
-from ternop.checkpoint import load_ternary_layers, quantize_checkpoint
+from ternop.checkpoint import load_ternary_layers
+from ternop.quant.convert import quantize_checkpoint
 from tests.models import tiny_bert, tiny_qwen3
 
 _RUN = "import sys; from ternop.cli import main; sys.exit(main(['validate', *sys.argv[1:]]))"
@@ -82,13 +83,46 @@ def test_validate_reports_reserved_code_naming_layer(ternary_qwen3, tmp_path, ca
 
 def test_validate_rejects_non_ternary_folder(tmp_path):
     src = tiny_bert(tmp_path / "fp")
-    lines, ok = validate.run(src, tp=1)
-    assert not ok and lines[0].startswith("CPU_UNPACK: FAIL") and "quantization_config" in lines[0]
+    lines, ok = validate.run(src)
+    assert not ok and lines[0].startswith("CPU_UNPACK: FAIL") and "not a ternary checkpoint" in lines[0]
+    assert "quantization_config" in lines[0]
+    # The other checks do not pretend to pass on a dense model.
+    assert lines[1:] == ["GPU_LOAD: SKIPPED (CPU_UNPACK failed)", "TP_SHARD: SKIPPED (CPU_UNPACK failed)"]
 
 
-def test_independent_unpacker_agrees_on_all_byte_values(ternary_qwen3):
+def test_independent_unpacker_agrees_on_all_byte_values():
+    value_of = {0b00: 0, 0b01: 1, 0b10: -1, 0b11: 0}
     packed = torch.arange(256, dtype=torch.uint8).reshape(1, 256)
-    values = validate._independent_values(packed)
-    assert values[0, 4 * 0b00_01_10_00 : 4 * 0b00_01_10_00 + 4].tolist() == [0, -1, 1, 0]
-    layers = load_ternary_layers(ternary_qwen3)
-    assert validate.check_cpu_unpack(ternary_qwen3).startswith(f"{len(layers)} layers")
+    values = validate._independent_values(packed)[0].tolist()
+    want = [value_of[(byte >> (2 * slot)) & 0b11] for byte in range(256) for slot in range(4)]
+    assert values == want  # every byte, every slot, against the spec's table
+    assert values[4 * 0b00_01_10_00 : 4 * 0b00_01_10_00 + 4] == [0, -1, 1, 0]
+
+
+def test_cpu_unpack_catches_a_wrong_dequantize(ternary_qwen3, monkeypatch):
+    """The check does not recompute dequantize's formula: a dequantize that applies the scales to
+    the wrong columns (repeat instead of repeat_interleave) is caught."""
+    import ternop.format as fmt
+
+    def wrong(packed, scale, dtype=torch.float32):
+        values = fmt.codes_to_values(fmt.unpack_codes(packed), dtype)
+        return values * scale.to(dtype).repeat(1, 128)
+
+    assert validate.check_cpu_unpack(ternary_qwen3).endswith("weights")
+    monkeypatch.setattr(fmt, "dequantize", wrong)
+    with pytest.raises(Exception, match="dequantized weight differs"):
+        validate.check_cpu_unpack(ternary_qwen3)
+
+
+@pytest.mark.vllm
+def test_validate_default_passes_minilm_and_names_its_tp_sizes(tmp_path):
+    """all-MiniLM-L6-v2 (K=384) is valid at TP=1 and 3 but not 2: the default must not FAIL it."""
+    pytest.importorskip("vllm")
+    from tests.models import minilm_dir
+
+    dst = tmp_path / "minilm"
+    quantize_checkpoint(minilm_dir(), dst, method="absmean", progress=False)
+    proc = _cli(dst)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lines[2].startswith("TP_SHARD: OK (tp=1, 3:") and "supported tp sizes up to 8: 1, 3" in lines[2], lines

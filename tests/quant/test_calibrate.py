@@ -93,15 +93,15 @@ def _texts():
 
 
 def test_calibrate_model_closer_to_fp_than_rounding(tiny_fp):
-    from ternop.cli.evaldata import embed_model, load_hf
+    from ternop.hf import embed_model, load_model, load_tokenizer
     from ternop.modules import quantize_module
 
     texts = _texts()
-    fp, tok = load_hf(str(tiny_fp))
+    fp, tok = load_model(tiny_fp), load_tokenizer(tiny_fp)
     ref = embed_model(fp, tok, texts, "mean")
-    rounded, _ = load_hf(str(tiny_fp))
+    rounded = load_model(tiny_fp)
     quantize_module(rounded, method="optimal")
-    cal, _ = load_hf(str(tiny_fp))
+    cal = load_model(tiny_fp)
     results = calibrate.calibrate_model(cal, tok, texts[:32], max_tokens=2048, progress=False)
     assert len(results) == 12  # 2 layers x (q, k, v, attn out, intermediate, out)
     for name, (values, scale) in results.items():
@@ -136,7 +136,14 @@ def test_quantize_cli_calibrated_writes_v1(tiny_fp, tmp_path):
     assert not torch.equal(dequantize(packed, scale), v0.float() * s0.float().repeat_interleave(BLOCK_SIZE, 1))
 
 
-def test_quantize_calibrated_needs_calib(tiny_fp, tmp_path):
+def test_quantize_calibrated_needs_calib(tiny_fp, tmp_path, capsys, monkeypatch):
+    import ternop.hf
     from ternop.cli import main
 
     assert main(["quantize", str(tiny_fp), str(tmp_path / "x"), "--method", "calibrated", "--quiet"]) == 2
+    assert "--calib FILE" in capsys.readouterr().err
+    # A missing --calib file is reported before the model is loaded, not after.
+    monkeypatch.setattr(ternop.hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    argv = ["quantize", str(tiny_fp), str(tmp_path / "x"), "--method", "calibrated", "--calib", "nope.txt", "--quiet"]
+    assert main(argv) == 2
+    assert "calibration file 'nope.txt' does not exist" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import argparse
 import pytest
 import torch
 
+from ternop.cli import distill as distill_cli
 from ternop.quant import distill
 from ternop.format import BLOCK_SIZE, dequantize, validate
 
@@ -52,7 +53,7 @@ def data_file(tmp_path_factory):
 
 def _args(base, dst, data, **kw) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    distill.add_arguments(parser)
+    distill_cli.add_arguments(parser)
     argv = [str(base), str(dst), "--data", str(data), "--batch-size", "8", "--quiet", "--init", "optimal",
             "--lr", "2e-3", "--lr-scale", "1e-3"]  # fmt: skip
     for key, value in kw.items():
@@ -62,31 +63,29 @@ def _args(base, dst, data, **kw) -> argparse.Namespace:
 
 
 def _cosine_to_teacher(base, ckpt, texts) -> float:
-    from ternop.cli.evaldata import embed_model, load_hf
-    from tests.models import hf_model_from_checkpoint
+    from ternop.hf import embed_texts
 
-    teacher, tok = load_hf(str(base))
-    student = hf_model_from_checkpoint(ckpt)
-    a = embed_model(teacher, tok, texts, "mean")
-    b = embed_model(student, tok, texts, "mean")
+    a = embed_texts(base, texts)
+    b = embed_texts(ckpt, texts, dense=True)
     return float((a * b).sum(-1).mean())
 
 
 def test_distill_improves_on_rounding_and_writes_v1(tiny_fp, data_file, tmp_path):
-    from ternop.checkpoint import load_ternary_layers, quantize_checkpoint, read_quant_config
+    from ternop.checkpoint import load_ternary_layers, read_quant_config
+    from ternop.quant.convert import quantize_checkpoint
 
     texts = data_file.read_text().splitlines()
     rounded = tmp_path / "rounded"
     quantize_checkpoint(tiny_fp, rounded, method="optimal", progress=False)
     dst = tmp_path / "distilled"
-    assert distill.main(_args(tiny_fp, dst, data_file, steps=25)) == 0
+    assert distill_cli.main(_args(tiny_fp, dst, data_file, steps=25)) == 0
     assert read_quant_config(dst)["quant_method"] == "ternary"
     layers = load_ternary_layers(dst)
     assert len(layers) == 12
     for name, (packed, scale) in layers.items():
         validate(packed, scale, name)
         assert bool(torch.isfinite(dequantize(packed, scale)).all())
-    assert (tmp_path / "distilled.distill-state.pt").exists()
+    assert not (tmp_path / "distilled.distill-state.pt").exists()  # removed once DST is written
     before = _cosine_to_teacher(tiny_fp, rounded, texts)
     after = _cosine_to_teacher(tiny_fp, dst, texts)
     assert after > before + 0.5 * (1 - before), (before, after)
@@ -96,12 +95,12 @@ def test_distill_resume_equals_uninterrupted(tiny_fp, data_file, tmp_path):
     from ternop.checkpoint import load_ternary_layers
 
     straight = tmp_path / "straight"
-    assert distill.main(_args(tiny_fp, straight, data_file, steps=6, save_every=3)) == 0
+    assert distill_cli.main(_args(tiny_fp, straight, data_file, steps=6, save_every=3)) == 0
     resumed = tmp_path / "resumed"
     state = tmp_path / "state.pt"
-    assert distill.main(_args(tiny_fp, resumed, data_file, steps=6, stop_at=3, state=state)) == 0
+    assert distill_cli.main(_args(tiny_fp, resumed, data_file, steps=6, stop_at=3, state=state)) == 0
     assert torch.load(state)["step"] == 3 and not resumed.exists()
-    assert distill.main(_args(tiny_fp, resumed, data_file, steps=6, state=state, resume=True)) == 0
+    assert distill_cli.main(_args(tiny_fp, resumed, data_file, steps=6, state=state, resume=True)) == 0
     a, b = load_ternary_layers(straight), load_ternary_layers(resumed)
     assert a.keys() == b.keys()
     for name in a:
@@ -110,5 +109,30 @@ def test_distill_resume_equals_uninterrupted(tiny_fp, data_file, tmp_path):
 
 
 def test_distill_rejects_bad_steps(tiny_fp, data_file, tmp_path, capsys):
-    assert distill.main(_args(tiny_fp, tmp_path / "x", data_file, steps=0)) == 2
+    assert distill_cli.main(_args(tiny_fp, tmp_path / "x", data_file, steps=0)) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+def test_distill_refuses_a_nonempty_destination_before_training(tiny_fp, data_file, tmp_path, capsys):
+    from ternop.cli import main
+
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine")
+    argv = ["distill", str(tiny_fp), str(dst), "--data", str(data_file), "--steps", "1", "--quiet"]
+    assert main(argv) == 2
+    assert "exists and is not empty (use --force" in capsys.readouterr().err
+    assert (dst / "notes.txt").read_text() == "mine" and not (tmp_path / "dst.distill-state.pt").exists()
+    assert main([*argv, "--force", "--init", "optimal"]) == 0
+    assert not (dst / "notes.txt").exists() and (dst / "config.json").exists()
+
+
+def test_distill_keep_state_and_stop_message(tiny_fp, data_file, tmp_path, capsys):
+    from ternop.cli import main
+
+    argv = ["distill", str(tiny_fp), str(tmp_path / "d"), "--data", str(data_file), "--steps", "2", "--quiet",
+            "--init", "optimal"]  # fmt: skip
+    assert main([*argv, "--stop-at", "1"]) == 0
+    assert f"state in {tmp_path / 'd'}.distill-state.pt" in capsys.readouterr().out
+    assert main([*argv, "--resume", "--keep-state"]) == 0
+    assert (tmp_path / "d.distill-state.pt").exists() and (tmp_path / "d" / "config.json").exists()

@@ -28,16 +28,17 @@ def train_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def calibrated(tiny_fp, train_file, tmp_path_factory):
-    from ternop.quant.calibrate import quantize_checkpoint_calibrated
+    from ternop.quant.convert import calibrated_quantizer, quantize_checkpoint
 
     dst = tmp_path_factory.mktemp("cal") / "ckpt"
-    quantize_checkpoint_calibrated(tiny_fp, dst, str(train_file), progress=False, max_tokens=1024)
+    quantizer = calibrated_quantizer(tiny_fp, str(train_file), (), progress=False, max_tokens=1024)
+    quantize_checkpoint(tiny_fp, dst, method="calibrated", quantizer=quantizer, progress=False)
     return dst
 
 
 @pytest.fixture(scope="module")
 def distilled(tiny_fp, train_file, tmp_path_factory):
-    from ternop.quant import distill
+    from ternop.cli import distill
 
     dst = tmp_path_factory.mktemp("dist") / "ckpt"
     parser = argparse.ArgumentParser()

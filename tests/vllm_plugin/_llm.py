@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ternop.vllm_plugin import linear_methods
-from tests.models import PROMPTS, hf_embed, hf_model_from_checkpoint
+from tests.models import PROMPTS, hf_embed
 
 COSINE_MIN = 0.99999  # fp32, per prompt
 
@@ -30,7 +30,10 @@ def vllm_embed(path: str | Path, *, eager: bool, prompts=PROMPTS, **kwargs) -> t
 
 
 def reference_embed(path: str | Path, pooling: str, prompts=PROMPTS) -> torch.Tensor:
-    return hf_embed(hf_model_from_checkpoint(path), path, list(prompts), pooling)
+    """transformers on the dequantized weights (nn.Linear layers, no ternop op), fp32."""
+    from ternop.hf import load_model
+
+    return hf_embed(load_model(path, causal=False, dense=True), path, list(prompts), pooling)
 
 
 def assert_close_embeddings(got: torch.Tensor, want: torch.Tensor) -> None:

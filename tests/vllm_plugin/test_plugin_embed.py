@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ternop.checkpoint import quantize_checkpoint
+from ternop.quant.convert import quantize_checkpoint
 from tests.models import minilm_dir, tiny_bert, tiny_qwen3
 from tests.vllm_plugin._llm import assert_close_embeddings, reference_embed, vllm_embed
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ternop.checkpoint import quantize_checkpoint
+from ternop.quant.convert import quantize_checkpoint
 from tests.models import tiny_qwen3
 from tests.vllm_plugin._llm import assert_close_embeddings, vllm_embed
 

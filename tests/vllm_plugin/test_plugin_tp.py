@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ternop.checkpoint import quantize_checkpoint
+from ternop.quant.convert import quantize_checkpoint
 from tests.models import tiny_qwen3
 from tests.vllm_plugin._llm import assert_close_embeddings, reference_embed
 

@@ -1,0 +1,30 @@
+"""``ternop quantize SRC DST``: an HF model folder -> a ternary v1 checkpoint (:mod:`ternop.quant.convert`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ternop.quant.convert import METHODS, quantize_checkpoint
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="Hugging Face model folder with fp32/fp16/bf16 *.safetensors")
+    parser.add_argument("dst", help="output folder for the ternary v1 checkpoint (must not exist or be empty)")
+    parser.add_argument("--method", choices=sorted(METHODS), default="optimal",
+                        help="how each 128-weight block is made ternary: optimal (the L2-optimal threshold), "
+                             "absmean, or calibrated (needs --calib)")
+    parser.add_argument("--skip", action="append", default=[], metavar="PATTERN",
+                        help="keep modules whose name matches PATTERN (glob, anywhere in the name) dense; "
+                             "repeat --skip for more patterns")
+    parser.add_argument("--calib", metavar="FILE", default=None, help="calibration text, for --method calibrated")
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    report = quantize_checkpoint(args.src, args.dst, method=args.method, skip=args.skip, progress=not args.quiet,
+                                 calib=args.calib, overwrite=args.force)  # fmt: skip
+    print(f"{report.summary()} -> {report.dst}")
+    for name, why in report.skipped.items():
+        print(f"  dense: {name} ({why})")
+    return 0
