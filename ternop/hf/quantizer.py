@@ -76,8 +76,11 @@ class TernaryHfQuantizer(HfQuantizer):
     requires_calibration = True  # pre-quantized checkpoints only
 
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, dtype=None, **kwargs):
+        if not checkpoint_files:  # transformers versions that do not pass the files: the local folder's
+            folder = Path(getattr(model.config, "name_or_path", "") or "")
+            checkpoint_files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
         if not checkpoint_files:
-            raise ValueError("ternary checkpoints load from *.safetensors files; none were given")
+            raise ValueError("ternary checkpoints load from a local folder of *.safetensors files; none were found")
         replace_linears(model, ternary_modules(model, checkpoint_files), dtype)
         return model
 
