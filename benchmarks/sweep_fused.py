@@ -31,30 +31,35 @@ from bench_linear import DTYPE, SHAPES, copies_for, make_weights, time_graph  # 
 from ternop import layouts  # noqa: E402
 from ternop.backends import LinearCall  # noqa: E402
 from ternop.cpu import _linear_cpu  # noqa: E402
-from ternop.cuda import launch_fused, launch_triton, triton_kernels  # noqa: E402
-from ternop.cuda.configs import DequantConfig, FusedConfig  # noqa: E402
+from ternop.cuda import cuda_ext, launch_fused, launch_triton  # noqa: E402
+from ternop.cuda.configs import FusedConfig, sm_count, split_k  # noqa: E402
 
 C = FusedConfig
 
 A16_CANDIDATES = {
-    16: [C(16, 64, 4, 4), C(16, 128, 4, 4, max_split_k=4), C(16, 128, 4, 4, swap=True, max_split_k=4)],
-    32: [C(32, 64, 4, 4), C(32, 128, 4, 4, max_split_k=4), C(32, 128, 4, 4, swap=True, max_split_k=4)],
-    64: [C(64, 64, 4, 3), C(64, 128, 4, 3), C(64, 128, 4, 3, max_split_k=4), C(64, 128, 4, 3, swap=True, max_split_k=4)],
-    128: [C(128, 64, 4, 3), C(128, 128, 4, 3), C(64, 128, 4, 3, max_split_k=2), C(128, 128, 8, 3)],
-    512: [C(128, 128, 4, 3), C(128, 128, 8, 3), C(128, 256, 8, 3), C(128, 64, 4, 3)],
-    2048: [C(128, 128, 8, 3), C(128, 256, 8, 3), C(128, 128, 4, 3), C(256, 128, 8, 3)],
+    16: [C(16, 64, 4, 4, max_split_k=8), C(16, 128, 4, 4, max_split_k=8), C(16, 64, 4, 6, max_split_k=8),
+         C(16, 128, 4, 4, swap=True, max_split_k=8)],
+    32: [C(32, 64, 4, 4, max_split_k=8), C(32, 128, 4, 4, max_split_k=8), C(32, 128, 4, 4, swap=True, max_split_k=8)],
+    64: [C(64, 64, 4, 3, max_split_k=8), C(64, 128, 4, 3, max_split_k=8), C(64, 128, 4, 4, max_split_k=8),
+         C(64, 128, 4, 3, swap=True, max_split_k=8)],
+    128: [C(128, 64, 4, 3, max_split_k=4), C(64, 128, 4, 3, max_split_k=4), C(128, 128, 8, 3, max_split_k=4),
+          C(64, 64, 4, 3, max_split_k=8)],
+    512: [C(128, 64, 4, 3, max_split_k=2), C(128, 128, 8, 3, max_split_k=2), C(64, 128, 4, 3, max_split_k=4),
+          C(128, 128, 4, 2, max_split_k=2)],
+    2048: [C(128, 128, 8, 3), C(128, 256, 8, 3), C(128, 64, 4, 3)],
 }
 A8_CANDIDATES = {
-    16: [C(16, 64, 4, 4), C(16, 128, 4, 4, max_split_k=4), C(16, 64, 4, 6, max_split_k=8)],
-    32: [C(32, 64, 4, 4), C(32, 128, 4, 4, max_split_k=4)],
-    64: [C(64, 64, 4, 3), C(64, 128, 4, 3), C(64, 128, 4, 3, max_split_k=4)],
-    128: [C(128, 64, 4, 3), C(64, 128, 4, 3, max_split_k=2), C(128, 128, 8, 3)],
-    512: [C(128, 64, 4, 3), C(128, 128, 8, 3), C(256, 64, 8, 3)],
-    2048: [C(128, 128, 8, 3), C(256, 64, 8, 3), C(128, 128, 8, 4), C(128, 64, 4, 3)],
+    16: [C(16, 64, 4, 4, max_split_k=8), C(16, 128, 4, 4, max_split_k=8), C(16, 64, 4, 6, max_split_k=8)],
+    32: [C(32, 64, 4, 4, max_split_k=8), C(32, 128, 4, 4, max_split_k=8)],
+    64: [C(64, 64, 4, 3, max_split_k=8), C(64, 128, 4, 3, max_split_k=8), C(64, 64, 4, 4, max_split_k=8)],
+    128: [C(128, 64, 4, 3, max_split_k=4), C(64, 128, 4, 3, max_split_k=4), C(64, 64, 4, 3, max_split_k=8)],
+    512: [C(128, 64, 4, 3, max_split_k=2), C(128, 128, 8, 3, max_split_k=2), C(64, 128, 4, 3, max_split_k=4),
+          C(256, 64, 8, 3, max_split_k=2)],
+    2048: [C(128, 64, 4, 3), C(128, 128, 8, 3), C(256, 64, 8, 3)],
 }
 # Layout v1 is timed only on the first candidate of a bucket: it answers whether the a16
 # layout pays; the tile choice is made on a16.
-MS = [1, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192]
+MS = [1, 16, 32, 64, 128, 256, 512]
 
 
 def candidates(table: dict, m: int):
@@ -205,14 +210,30 @@ def sweep(ms, shapes, rows: list, save) -> list[dict]:
                         x, *per_layout[l][i % len(base)], None, l, c)))
             for cfg in candidates(A8_CANDIDATES, m):
                 cands.append(("a8[a8]", cfg, lambda i, c=cfg: launch_fused.linear_a8(x, *per_layout["a8"][i % len(base)], None, "a8", c)))
+            if m <= 16 and cuda_ext.load()[0]:
+                q, qs = launch_fused.quantize_rows(x)
+                timed["cuda_mma[v1]"] = time_graph(
+                    lambda i: torch.ops.ternop.linear_cuda_mma(x, *per_layout["v1"][i % len(base)], None, False), len(base))
+                timed["cuda_mma[a16]"] = time_graph(
+                    lambda i: torch.ops.ternop.linear_cuda_mma(x, *per_layout["a16"][i % len(base)], None, True), len(base))
+                timed["cuda_mma_a8[a8] (no quant)"] = time_graph(
+                    lambda i: torch.ops.ternop.linear_cuda_mma_a8(q, qs, *per_layout["a8"][i % len(base)], None, DTYPE),
+                    len(base))
+                timed["cuda_mma_a8[a8]"] = time_graph(
+                    lambda i: torch.ops.ternop.linear_cuda_mma_a8(*launch_fused.quantize_rows(x),
+                                                                  *per_layout["a8"][i % len(base)], None, DTYPE),
+                    len(base))
+            timed["quantize_rows"] = time_graph(lambda i: launch_fused.quantize_rows(x), len(base))
             for kind, cfg, fn in cands:
                 try:
                     us = time_graph(fn, len(base), replays=5, warmup=1)
                 except Exception as exc:  # a tile may not fit
                     print(f"  {kind} {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
-                rows.append(dict(family=family, K=k, N=n, M=m, kernel=kind, config=cfg.__dict__, us=round(us, 3),
-                                 speedup_vs_bf16=round(timed["cublas_bf16"] / us, 3)))
+                tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+                splits = split_k(tiles, k // 128, sm_count(x.device), cfg.max_split_k)
+                rows.append(dict(family=family, K=k, N=n, M=m, kernel=kind, config=cfg.__dict__, split=splits,
+                                 us=round(us, 3), speedup_vs_bf16=round(timed["cublas_bf16"] / us, 3)))
             for name, us in timed.items():
                 rows.append(dict(family=family, K=k, N=n, M=m, kernel=name, config=None, us=round(us, 3),
                                  speedup_vs_bf16=round(timed["cublas_bf16"] / us, 3)))
@@ -221,7 +242,8 @@ def sweep(ms, shapes, rows: list, save) -> list[dict]:
                 if (r["K"], r["N"], r["M"]) == (k, n, m):
                     if r["kernel"] not in best or r["us"] < best[r["kernel"]]["us"]:
                         best[r["kernel"]] = r
-            line = "  ".join(f"{kname} x{r['speedup_vs_bf16']:.2f}" for kname, r in sorted(best.items()))
+            line = "  ".join(f"{kname} x{r['speedup_vs_bf16']:.2f}" for kname, r in sorted(best.items())
+                             if kname != "quantize_rows")
             print(f"{family:4s} {k:5d}->{n:5d} M={m:5d} bf16 {timed['cublas_bf16']:8.2f} us | {line}", flush=True)
         del base, dense, per_layout
         torch.cuda.empty_cache()

@@ -5,6 +5,7 @@ Importing it only registers the backends; triton is imported and the C++ extensi
 built lazily, the first time a backend is asked whether it can run a call.
 """
 
+from ternop.cuda import cpp_ops as _cpp_ops  # noqa: F401  (schemas of the C++ ops)
 from ternop.cuda.registry import register_all as _register_all
 
 _register_all()

@@ -92,6 +92,7 @@ _BIG = 1 << 62
 #   after the fused kernels and run for what those decline.
 SM90: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
+    "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 128, num_warps=4, num_stages=4)),
@@ -119,6 +120,7 @@ SM90: Table = {
 
 DEFAULT: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
+    "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(8, CudaGemvConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=2)),

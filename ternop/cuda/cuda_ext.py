@@ -1,7 +1,7 @@
-"""JIT build and load of the CUDA C++ kernels (``ternop::linear_cuda``, ``ternop::linear_cuda_mma``).
+"""JIT build and load of the CUDA C++ kernels (``ternop::linear_cuda``, ``linear_cuda_mma``, ``linear_cuda_mma_a8``).
 
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
-the reason and the registry skips the ``cuda_gemv`` and ``cuda_mma`` backends. The build
+the reason and the registry skips the ``cuda_gemv``, ``cuda_mma`` and ``cuda_mma_a8`` backends. The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
 content of ``csrc/`` (headers included). So another ternop version, or an edited kernel, never
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ternop.cuda.cpp_ops import OPS, has_kernel
+
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "linear_cuda.cpp", CSRC / "ternary_gemv.cu", CSRC / "ternary_mma.cu")
-OPS = ("linear_cuda", "linear_cuda_mma")
+SOURCES = (CSRC / "linear_cuda.cpp", CSRC / "ternary_gemv.cu", CSRC / "ternary_mma.cu", CSRC / "ternary_mma_a8.cu")
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"
 
@@ -45,7 +46,7 @@ def cache_dir(capability: tuple[int, int]) -> Path:
 def _build() -> tuple[bool, str]:
     if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return False, f"disabled by {ENV_DISABLE}"
-    if all(hasattr(torch.ops.ternop, op) for op in OPS):
+    if all(has_kernel(op) for op in OPS):
         return True, ""  # already registered (an earlier load in this process)
     if torch.version.cuda is None or not torch.cuda.is_available():
         return False, "torch has no CUDA device"
@@ -77,9 +78,9 @@ def _build() -> tuple[bool, str]:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = saved
-    missing = [op for op in OPS if not hasattr(torch.ops.ternop, op)]
+    missing = [op for op in OPS if not has_kernel(op)]
     if missing:
-        return False, f"the library loaded but did not register ternop::{', ternop::'.join(missing)}"
+        return False, f"the library loaded but registered no CUDA kernel for ternop::{', ternop::'.join(missing)}"
     return True, ""
 
 

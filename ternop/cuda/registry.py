@@ -4,7 +4,8 @@ Order (lower priority first):
 
 | backend | what | activations | layouts |
 |---|---|---|---|
-| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1 |
+| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1, a16 |
+| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``dequant_cublas`` | Triton dequantization, then cuBLAS; M from its floor up | fp16/bf16/fp32 | all |
@@ -30,7 +31,8 @@ from ternop.cuda import configs
 _modules: dict[str, tuple[object, str]] = {}
 
 # The CUDA C++ kernels are instantiated for 1 <= M <= 8 (ternary_gemv.cu) and 1 <= M <= 16
-# (ternary_mma.cu, fp16/bf16 x only, mma.sync m16n8k16 needs sm_80).
+# (ternary_mma.cu, fp16/bf16 x only, and ternary_mma_a8.cu; mma.sync m16n8k16 and m16n8k32 s8
+# need sm_80).
 CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
 TENSOR_CORE_MIN_CAPABILITY = (8, 0)
@@ -185,9 +187,11 @@ def _run_triton_gemm(call: backends.LinearCall) -> torch.Tensor:
 # --- the CUDA C++ kernels ---------------------------------------------------------------------
 
 
-def _cuda_ext_ready(call: backends.LinearCall) -> tuple[bool, str]:
-    """Checks shared by the C++ kernels: common layout, 16-byte alignment, extension built."""
-    why = _a16_only(call) or _v1_only(call) or _common(call)
+def _cuda_ext_ready(call: backends.LinearCall, layouts: tuple[str, ...] = ("v1",)) -> tuple[bool, str]:
+    """Checks shared by the C++ kernels: the layout, 16-byte alignment, extension built."""
+    if call.layout not in layouts:
+        return False, f"layout {call.layout!r}: this backend reads {' and '.join(layouts)} only"
+    why = _common(call)
     if why:
         return False, why
     # 16-byte vector loads; x can be a view at an odd offset (e.g. a slice of a fused output).
@@ -200,6 +204,9 @@ def _cuda_ext_ready(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 def _can_cuda_gemv(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a16_only(call)
+    if why:
+        return False, why
     if call.m > CUDA_GEMV_MAX_M:
         return False, f"M={call.m} is above the kernel's M <= {CUDA_GEMV_MAX_M}"
     config, why = configs.lookup("cuda_gemv", call.m, call.x.device, _forced("cuda_gemv"))
@@ -209,6 +216,9 @@ def _can_cuda_gemv(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a16_only(call)
+    if why:
+        return False, why
     if call.x.dtype not in FLOAT16:
         return False, f"x dtype {call.x.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
     if call.m > CUDA_MMA_MAX_M:
@@ -219,7 +229,24 @@ def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
     why = _tensor_cores(call, "mma.sync m16n8k16")
     if why:
         return False, why
-    return _cuda_ext_ready(call)
+    return _cuda_ext_ready(call, ("v1", "a16"))
+
+
+def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
+    if call.activation_bits != 8:
+        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    if call.m > CUDA_MMA_MAX_M:
+        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
+    config, why = configs.lookup("cuda_mma_a8", call.m, call.x.device, _forced("cuda_mma_a8"))
+    if config is None:
+        return False, why
+    why = _tensor_cores(call, "mma.sync m16n8k32 s8")
+    if why:
+        return False, why
+    mod, why = _module("launch_fused")  # the per-token quantization runs in Triton
+    if mod is None:
+        return False, why
+    return _cuda_ext_ready(call, ("a8",))
 
 
 def _contiguous(call: backends.LinearCall):
@@ -232,11 +259,19 @@ def _run_cuda_gemv(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_mma(*_contiguous(call))
+    return torch.ops.ternop.linear_cuda_mma(*_contiguous(call), call.layout == "a16")
+
+
+def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
+    mod, _ = _module("launch_fused")
+    q, qs = mod.quantize_rows(call.x)
+    bias = call.bias.contiguous() if call.bias is not None else None
+    return torch.ops.ternop.linear_cuda_mma_a8(q, qs, call.weight_packed, call.weight_scale, bias, call.x.dtype)
 
 
 BACKENDS = (
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
+    backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),
     backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16),

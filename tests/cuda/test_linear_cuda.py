@@ -24,7 +24,7 @@ BACKENDS = ["cuda_mma", "cuda_gemv", "triton_a16", "dequant_cublas", "triton_gem
 SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
-LAYOUTS_OF = {"cuda_mma": ("v1",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",), "triton_gemv": ("v1",)}
+LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_gemv": ("v1",), "triton_gemm": ("v1",), "triton_gemv": ("v1",)}
 
 # (M, K, N): every M, K and N of the issue appears, in a sample that runs in seconds.
 SHAPES = [
@@ -108,8 +108,9 @@ def test_linear_cuda_v1_backends_decline_other_layouts(name):
     v1, scale = _weights(136, 512)
     x = torch.randn(2, 512, device="cuda", dtype=torch.float16)
     ternop.linear(x, v1, scale)  # loads the CUDA backends
-    ok, why = backends.get(name).can_implement(_call(x, layouts.repack(v1, "a16"), scale, layout="a16"))
-    assert not ok and "v1 only" in why
+    layout = "a8" if name == "cuda_mma" else "a16"
+    ok, why = backends.get(name).can_implement(_call(x, layouts.repack(v1, layout), scale, layout=layout))
+    assert not ok and f"layout {layout!r}" in why
 
 
 # The tensor-core kernel: every M of both n8 tiles' edges, K giving 1, 2, 4 and 8 warps per
@@ -308,29 +309,45 @@ A8_SHAPES = [(1, 128, 64), (3, 384, 136), (16, 4096, 1152), (17, 1024, 520), (64
              (129, 1024, 4096), (300, 14336, 256), (1000, 384, 1152)]
 
 
+@pytest.mark.parametrize("name", [None, "triton_a8", "cuda_mma_a8"])
 @pytest.mark.parametrize("layout", layouts.LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_linear_cuda_a8_against_the_spec(layout, dtype):
-    for m, k, n in A8_SHAPES:
+def test_linear_cuda_a8_against_the_spec(monkeypatch, name, layout, dtype):
+    if name == "cuda_mma_a8" and layout != "a8":
+        pytest.skip("the C++ W2A8 kernel reads the a8 layout only")
+    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (8, 4096, 4096)]:
+        if name == "cuda_mma_a8" and m > 16:
+            continue
         v1, scale = _weights(n, k)
         packed = layouts.repack(v1, layout)
         x = torch.randn(m, 2 * k, device="cuda").to(dtype)[:, :k]  # strided rows
         bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]
+        if name == "cuda_mma_a8":
+            _skip_unavailable(name, x, packed, scale, bits=8, layout=layout)
+        _force(monkeypatch, name)
         y = ternop.linear(x, packed, scale, bias, activation_bits=8, layout=layout)
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
         ref = linear_a8_fp64(x, packed, scale, bias, layout)
         tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
         assert y.dtype == dtype and _rel_err(y, ref) <= tol, (m, k, n, _rel_err(y, ref))
 
 
-def test_linear_cuda_a8_partials_are_exact():
+@pytest.mark.parametrize("name", [None, "triton_a8", "cuda_mma_a8"])
+def test_linear_cuda_a8_partials_are_exact(monkeypatch, name):
     """With one power-of-two scale per layer and fp32 x, every fp32 operation after the int32
     block partials is exact, so the kernel must equal the CPU reference bit for bit."""
-    for m, k, n in [(1, 4096, 1152), (7, 1024, 136), (64, 3072, 4096), (300, 2048, 256)]:
+    for m, k, n in [(1, 4096, 1152), (7, 1024, 136), (16, 2176, 264), (64, 3072, 4096), (300, 2048, 256)]:
+        if name == "cuda_mma_a8" and m > 16:
+            continue
         v1, _ = _weights(n, k)
         scale = torch.full((n, k // 128), 2.0**-6, dtype=torch.float16, device="cuda")
         packed = layouts.repack(v1, "a8")
         x = torch.randn(m, k, device="cuda")
+        if name == "cuda_mma_a8":
+            _skip_unavailable(name, x, packed, scale, bits=8, layout="a8")
+        _force(monkeypatch, name)
         y = ternop.linear(x, packed, scale, activation_bits=8, layout="a8")
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
         want = ternop.linear(x.cpu(), packed.cpu(), scale.cpu(), activation_bits=8, layout="a8")
         assert torch.equal(y.cpu(), want), (m, k, n)
 
@@ -342,14 +359,15 @@ def test_linear_cuda_a8_never_falls_back(monkeypatch):
     for name in BACKENDS:
         ok, why = backends.get(name).can_implement(_call(x, v1, scale, bits=8))
         assert not ok and "16-bit" in why, name
-    monkeypatch.setattr(backends, "_BACKENDS", {k: b for k, b in backends._BACKENDS.items() if k != "triton_a8"})
+    keep = {k: b for k, b in backends._BACKENDS.items() if k not in ("triton_a8", "cuda_mma_a8")}
+    monkeypatch.setattr(backends, "_BACKENDS", keep)
     monkeypatch.setattr(backends, "_ORDER", {})
     monkeypatch.setattr(backends, "_CHOICE", {})
     with pytest.raises(RuntimeError, match="no backend can run .*activation_bits=8"):
         ternop.linear(x, v1, scale, activation_bits=8)
 
 
-@pytest.mark.parametrize("m", [1, 5, 64, 700])
+@pytest.mark.parametrize("m", [1, 5, 16, 64, 700])
 def test_linear_cuda_a8_graph_capture_replays(m):
     v1, scale = _weights(4096, 1024)
     packed = layouts.repack(v1, "a8")

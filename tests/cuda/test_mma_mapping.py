@@ -1,25 +1,51 @@
-"""A NumPy replay of the tensor-core kernel's index mapping (ternop/cuda/csrc/ternary_mma.cu).
+"""A NumPy replay of the tensor-core kernels' index mapping (ternop/cuda/csrc/ternary_mma.cu
+for fp16/bf16 x in format v1 and the a16 layout, ternary_mma_a8.cu for int8 x in the a8 layout).
 
-No GPU is needed: each function below transliterates one piece of the kernel (same
-constants, same formulas), the mma.sync m16n8k16 fragment layouts are assembled as the PTX
-ISA defines them, and the result must equal x @ W.T. With integer-valued x and power-of-two
-scales every product and sum is exact in fp32, so any wrong k, row, token or decode shows up
-as an exact mismatch. The final rounding to x's dtype is not replayed (the result is
-compared before it).
+No GPU is needed: each function below transliterates one piece of a kernel (the constants are
+read from the sources, the formulas are the same), the mma.sync fragment layouts are
+assembled as the PTX ISA defines them, and the result must equal x @ W.T. With integer-valued
+x and power-of-two scales every product and sum is exact in fp32, so any wrong k, row, token
+or decode shows up as an exact mismatch. The final rounding to x's dtype is not replayed
+(the result is compared before it).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from ternop import layouts
+from ternop.cuda.cuda_ext import CSRC
 from ternop.format import dequantize, pack_codes
 
-MAX_WARPS = 8
-DEPTH = 2
-MAGIC = {"fp16": 0x64006400, "bf16": 0x43004300}
-BIAS = {"fp16": 0x64026402, "bf16": 0x43024302}
+_MMA_SRC = (CSRC / "ternary_mma.cu").read_text()
+_A8_SRC = (CSRC / "ternary_mma_a8.cu").read_text()
+
+
+def _const(src: str, name: str) -> int:
+    """The value of ``constexpr ... name = <literal>`` in a kernel source."""
+    m = re.search(rf"\b{name}\s*=\s*(0x[0-9a-fA-F]+|\d+)u?;", src)
+    assert m, f"{name} not found in the kernel source"
+    return int(m.group(1), 0)
+
+
+def _struct_const(src: str, dtype: str, name: str) -> int:
+    cpp = {"fp16": "__half", "bf16": "__nv_bfloat16"}[dtype]
+    body = re.search(rf"struct Mma<{cpp}> \{{(.*?)\}};", src, re.S).group(1)
+    return _const(body, name)
+
+
+MAX_WARPS = _const(_MMA_SRC, "kMaxWarps")
+DEPTH = _const(_MMA_SRC, "kDepth")
+MAGIC = {d: _struct_const(_MMA_SRC, d, "kMagic") for d in ("fp16", "bf16")}
+BIAS = {d: _struct_const(_MMA_SRC, d, "kBias") for d in ("fp16", "bf16")}
+BIAS_A16 = {d: _struct_const(_MMA_SRC, d, "kBiasA16") for d in ("fp16", "bf16")}
+A8_MAX_WARPS = _const(_A8_SRC, "kMaxWarpsA8")
+A8_DEPTH = _const(_A8_SRC, "kDepthA8")
+A8_TABLE = _const(_A8_SRC, "kTable")
 U32 = np.uint32
 
 
@@ -55,9 +81,9 @@ def plus2(w: np.ndarray) -> np.ndarray:
     return ((w & 0x55555555) + 0xAAAAAAAA - ((w >> 1) & 0x55555555)).astype(np.uint64).__and__(0xFFFFFFFF).astype(U32)
 
 
-def pair(d: np.ndarray, j: int, dtype: str) -> np.ndarray:
+def pair(d: np.ndarray, j: int, dtype: str, a16: bool = False) -> np.ndarray:
     r = ((d >> U32(2 * j)) & U32(0x00030003)) | U32(MAGIC[dtype])  # lop3 0xEA: (a & b) | c
-    return sub2(r, BIAS[dtype], dtype)
+    return sub2(r, (BIAS_A16 if a16 else BIAS)[dtype], dtype)
 
 
 def byte_perm(x: np.ndarray, y: np.ndarray, s: int) -> np.ndarray:
@@ -105,7 +131,7 @@ def mma(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], dtype: str) -> 
     return out
 
 
-def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype):
+def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16):
     """One scale block of one warp: 8 mma steps into C per n8 tile, then acc += C * scale."""
     lanes = np.arange(32)
     sa = ws[r0, blk].astype(np.float32)
@@ -118,13 +144,16 @@ def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype):
         xv.append(np.stack([x_words[tok[lane], (blk * 128 + 32 * q[lane]) // 2 :][:16] for lane in lanes]))
     c = np.zeros((NT, 32, 4), np.float32)
     for h in range(2):
-        d_g, d_g8 = plus2(wa[:, h]), plus2(wb[:, h])
+        d_g, d_g8 = (wa[:, h], wb[:, h]) if a16 else (plus2(wa[:, h]), plus2(wb[:, h]))
         for s in range(4):
-            a = [pair(d_g, 2 * s, dtype), pair(d_g8, 2 * s, dtype),
-                 pair(d_g, 2 * s + 1, dtype), pair(d_g8, 2 * s + 1, dtype)]
+            a = [pair(d_g, 2 * s, dtype, a16), pair(d_g8, 2 * s, dtype, a16),
+                 pair(d_g, 2 * s + 1, dtype, a16), pair(d_g8, 2 * s + 1, dtype, a16)]
             for t in range(NT):
-                lo, hi = xv[t][:, 8 * h + s], xv[t][:, 8 * h + s + 4]
-                b = [byte_perm(lo, hi, 0x5410), byte_perm(lo, hi, 0x7632)]
+                if a16:
+                    b = [xv[t][:, 8 * h + 2 * s], xv[t][:, 8 * h + 2 * s + 1]]
+                else:
+                    lo, hi = xv[t][:, 8 * h + s], xv[t][:, 8 * h + s + 4]
+                    b = [byte_perm(lo, hi, 0x5410), byte_perm(lo, hi, 0x7632)]
                 c[t] = mma(c[t], a, b, dtype)
     for t in range(NT):
         acc[t][:, 0] = c[t][:, 0] * sa + acc[t][:, 0]
@@ -134,8 +163,9 @@ def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype):
     return acc
 
 
-def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray | None, dtype: str) -> np.ndarray:
-    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4], ws fp16 [N, K/128]."""
+def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray | None, dtype: str,
+           a16: bool = False) -> np.ndarray:
+    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4] (v1, or a16), ws fp16 [N, K/128]."""
     M, K = x_bits.shape
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
@@ -172,7 +202,7 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
                     assert blk == base + u
                     if u + DEPTH < left:
                         ring[u] = (words(r0, base + u + DEPTH), words(r1, base + u + DEPTH), base + u + DEPTH)
-                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype)
+                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16)
                 base += DEPTH
                 left -= DEPTH
             accs.append(acc)
@@ -223,16 +253,153 @@ def test_warps_split_k():
     assert [warps_for(b) for b in (1, 3, 4, 8, 16, 32, 112)] == [1, 1, 2, 4, 8, 8, 8]
 
 
+# 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8 warps,
+# the last two with none; N not a multiple of 16.
+SHAPES = [(1, 128, 16), (3, 384, 20), (8, 512, 16), (9, 256, 24), (16, 1024, 16), (2, 2176, 8), (12, 640, 33)]
+
+
+@pytest.mark.parametrize("layout", ["v1", "a16"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize(
-    "m,k,n",
-    # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8
-    # warps, the last two with none; N not a multiple of 16.
-    [(1, 128, 16), (3, 384, 20), (8, 512, 16), (9, 256, 24), (16, 1024, 16), (2, 2176, 8), (12, 640, 33)],
-)
-def test_kernel_mapping_equals_x_wt(dtype, m, k, n):
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_kernel_mapping_equals_x_wt(dtype, m, k, n, layout):
     x, packed, scale, bias = _inputs(m, k, n, dtype, seed=m * 1000 + k + n)
     x_bits = float_to_bits(x.numpy(), dtype)
-    y = kernel(x_bits, packed.numpy(), scale.numpy(), bias.numpy(), dtype)
+    wp = layouts.repack(packed, layout).numpy()
+    y = kernel(x_bits, wp, scale.numpy(), bias.numpy(), dtype, a16=layout == "a16")
     ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
+    assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]
+
+
+def test_decode_a16_pairs_are_neighbours():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 3, size=(64, 16)).astype(np.uint8)
+    value = (codes & 1).astype(np.int64) - (codes >> 1).astype(np.int64)
+    words = layouts.repack(pack_codes(torch.from_numpy(codes)), "a16").numpy().view(U32)[:, 0]
+    for dtype in ("fp16", "bf16"):
+        for j in range(8):
+            lo, hi = halves_to_float(pair(words, j, dtype, a16=True), dtype)
+            assert np.array_equal(lo, value[:, 2 * j]) and np.array_equal(hi, value[:, 2 * j + 1]), (dtype, j)
+
+
+# --- the W2A8 kernel (ternary_mma_a8.cu) ------------------------------------------------------
+
+
+def prmt(a: np.ndarray, b: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """PTX prmt.b32 (default mode): result byte n is byte (sel >> 4n) & 7 of {b, a}; bit 3 of a
+    selector nibble would replicate that byte's sign (never set here)."""
+    both = a.astype(np.uint64) | (b.astype(np.uint64) << 32)
+    out = np.zeros(np.broadcast(a, sel).shape, dtype=U32)
+    for n in range(4):
+        nib = (sel >> U32(4 * n)) & U32(0xF)
+        assert not np.any(nib & 8)
+        out |= ((both >> (np.uint64(8) * (nib & 7).astype(np.uint64))) & np.uint64(0xFF)).astype(U32) << U32(8 * n)
+    return out
+
+
+def quad(w: np.ndarray, r: int) -> np.ndarray:
+    shift = (r // 2) * 16 + (r % 2) * 2  # the kernel's kShift
+    return prmt(np.full_like(w, A8_TABLE), np.full_like(w, A8_TABLE), (w >> U32(shift)) & U32(0x3333))
+
+
+def s8(r: np.ndarray) -> np.ndarray:
+    """[lanes] uint32 -> [lanes, 4] int8 values, byte 0 first."""
+    return r.astype("<u4").view(np.int8).reshape(-1, 4).astype(np.int64)
+
+
+def mma_s8(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """mma.sync.m16n8k32.row.col.s32.s8.s8.s32 (PTX ISA fragment layouts, lane = 4 * groupID + tq):
+      A reg i holds row groupID + 8 * (i % 2), cols 4tq + 16 * (i // 2) + {0..3}.
+      B reg i holds rows 4tq + 16 * i + {0..3}, col groupID.
+      C element i is (row groupID + 8 * (i // 2), col 2tq + i % 2).
+    """
+    A = np.zeros((16, 32), np.int64)
+    B = np.zeros((32, 8), np.int64)
+    for lane in range(32):
+        gid, tq = divmod(lane, 4)
+        for i in range(4):
+            A[gid + 8 * (i % 2), 4 * tq + 16 * (i // 2) : 4 * tq + 16 * (i // 2) + 4] = s8(a[i][lane : lane + 1])[0]
+        for i in range(2):
+            B[4 * tq + 16 * i : 4 * tq + 16 * i + 4, gid] = s8(b[i][lane : lane + 1])[0]
+    D = A @ B
+    out = c.copy()
+    for lane in range(32):
+        gid, tq = divmod(lane, 4)
+        for i in range(4):
+            out[lane, i] += D[gid + 8 * (i // 2), 2 * tq + i % 2]
+    return out
+
+
+def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Replays launch_ternary_mma_a8: q8 int8 [M, K], qs fp32 [M], wp uint8 [N, K/4] (a8), ws fp16."""
+    M, K = q8.shape
+    N = wp.shape[0]
+    NT = 1 if M <= 8 else 2
+    blocks = K // 128
+    warps = 1
+    while warps < A8_MAX_WARPS and blocks // (2 * warps) >= 2:
+        warps *= 2
+    per_warp = (blocks + warps - 1) // warps
+    q_words = np.ascontiguousarray(q8).view(U32)  # [M, K/4]
+    out = np.full((M, N), np.nan, np.float32)
+    lanes = np.arange(32)
+    g, qd = lanes // 4, lanes % 4
+    for cta in range((N + 15) // 16):
+        row0, row1 = cta * 16 + g, cta * 16 + g + 8
+        r0, r1 = np.where(row0 < N, row0, 0), np.where(row1 < N, row1, 0)
+        total = np.zeros((NT, 32, 4), np.float32)
+        for warp in range(warps):  # the ring only prefetches: blocks run in order either way
+            b_begin = min(warp * per_warp, blocks)
+            count = min(per_warp, blocks - b_begin)
+            acc = np.zeros((NT, 32, 4), np.float32)
+            for blk in range(b_begin, b_begin + count):
+                wa = np.stack([wp[r0[i], blk * 32 + 8 * qd[i] : blk * 32 + 8 * qd[i] + 8] for i in lanes]).view(U32)
+                wb = np.stack([wp[r1[i], blk * 32 + 8 * qd[i] : blk * 32 + 8 * qd[i] + 8] for i in lanes]).view(U32)
+                xw = []
+                for t in range(NT):
+                    tok = np.where(t * 8 + g < M, t * 8 + g, 0)
+                    xw.append(np.stack([q_words[tok[i], (blk * 128 + 32 * qd[i]) // 4 :][:8] for i in lanes]))
+                c = np.zeros((NT, 32, 4), np.int64)
+                for h in range(2):
+                    gq = [quad(wa[:, h], r) for r in range(4)]
+                    hq = [quad(wb[:, h], r) for r in range(4)]
+                    for t in range(NT):
+                        c[t] = mma_s8(c[t], [gq[0], hq[0], gq[1], hq[1]], [xw[t][:, 4 * h], xw[t][:, 4 * h + 1]])
+                        c[t] = mma_s8(c[t], [gq[2], hq[2], gq[3], hq[3]], [xw[t][:, 4 * h + 2], xw[t][:, 4 * h + 3]])
+                sa, sb = ws[r0, blk].astype(np.float32), ws[r1, blk].astype(np.float32)
+                for t in range(NT):
+                    acc[t][:, :2] += c[t][:, :2].astype(np.float32) * sa[:, None]
+                    acc[t][:, 2:] += c[t][:, 2:].astype(np.float32) * sb[:, None]
+            total += acc
+        for t in range(NT):
+            for r in range(4):
+                n = np.where(r < 2, row0, row1)
+                m = t * 8 + 2 * qd + (r & 1)
+                for lane in lanes:
+                    if n[lane] < N and m[lane] < M:
+                        out[m[lane], n[lane]] = total[t][lane, r] * qs[m[lane]] + bias[n[lane]]
+    return out
+
+
+def test_decode_a8_quads_every_code():
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, 4, size=(64, 16)).astype(np.uint8)
+    codes[0] = 3  # reserved codes read as 0
+    value = (codes & 1).astype(np.int64) - (codes >> 1).astype(np.int64)
+    words = layouts.repack(pack_codes(torch.from_numpy(codes)), "a8").numpy().view(U32)[:, 0]
+    for r in range(4):
+        assert np.array_equal(s8(quad(words, r)), value[:, 4 * r : 4 * r + 4]), r
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_kernel_a8_mapping_equals_the_spec(m, k, n):
+    g = torch.Generator().manual_seed(m * 7 + k + n)
+    codes = torch.randint(0, 4, (n, k), generator=g).to(torch.uint8)
+    packed = pack_codes(codes)
+    scale = (2.0 ** torch.randint(-3, 2, (n, k // 128), generator=g)).to(torch.float16)
+    q8 = torch.randint(-127, 128, (m, k), generator=g).to(torch.int8)
+    qs = (2.0 ** torch.randint(-4, 1, (m,), generator=g)).to(torch.float32)
+    bias = torch.randint(-4, 5, (n,), generator=g).to(torch.float32)
+    y = kernel_a8(q8.numpy(), qs.numpy(), layouts.repack(packed, "a8").numpy(), scale.numpy(), bias.numpy())
+    w = dequantize(packed, scale, torch.float64)
+    ref = ((q8.double() @ w.T) * qs.double()[:, None] + bias.double()).numpy()
     assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]

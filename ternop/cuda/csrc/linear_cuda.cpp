@@ -1,13 +1,19 @@
-// Torch bindings of the CUDA C++ small-M kernels: the private ops
+// CUDA implementations of the CUDA C++ small-M kernels' private ops. Their schemas and fake
+// kernels are defined in Python (ternop/cuda/cpp_ops.py), beside every other ternop schema:
 //
 //   ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
-//   ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
+//   ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
+//                           bool a16=False) -> Tensor
+//   ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
+//                              Tensor? bias, ScalarType dtype) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
-// ternary_mma.cu); weight_packed uint8 [N, K/4]; weight_scale fp16 [N, K/128]; bias [N] in
-// x's dtype or None -> new [M, N] in x's dtype. They allocate only through the caching
-// allocator and launch on the current stream, so they are safe inside CUDA graph capture.
+// ternary_mma.cu, format v1 or the a16 layout); weight_packed uint8 [N, K/4]; weight_scale
+// fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 op takes
+// x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, and returns
+// [M, N] in ``dtype``. They allocate only through the caching allocator and launch on the
+// current stream, so they are safe inside CUDA graph capture.
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -21,7 +27,11 @@ cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, con
                                 void* out, int M, int N, int K, cudaStream_t stream);
 int ternary_mma_max_m();
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, cudaStream_t stream);
+                               void* out, int M, int N, int K, bool a16, cudaStream_t stream);
+int ternary_mma_a8_max_m();
+cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
+                                  const __half* ws, const void* bias, void* out, int M, int N, int K,
+                                  cudaStream_t stream);
 }  // namespace ternop
 
 namespace {
@@ -37,21 +47,11 @@ int dtype_code(at::ScalarType t) {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-using Launch = cudaError_t (*)(const void*, int, const uint8_t*, const __half*, const void*, void*, int, int, int,
-                               cudaStream_t);
-
-// Shared checks and launch; `op` names the op in errors, `max_m` and `fp32` are the kernel's limits.
-at::Tensor run_linear(const char* op, Launch launch, int max_m, bool fp32, const at::Tensor& x,
-                      const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                      const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.is_cuda() && weight_packed.is_cuda() && weight_scale.is_cuda(), op,
-              ": x, weight_packed and weight_scale must be CUDA tensors");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous [M, K] tensor, got ", x.sizes());
-  const int code = dtype_code(x.scalar_type());
-  TORCH_CHECK(code >= 0 && (fp32 || code != 2), op, ": x must be float16",
-              fp32 ? ", bfloat16 or float32" : " or bfloat16", ", got ", x.scalar_type());
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(M >= 1 && M <= max_m, op, ": x has M=", M, " rows; this kernel takes 1..", max_m);
+// Checks weight_packed uint8 [N, K/4] and weight_scale fp16 [N, K/128] (contiguous, weights
+// 16-byte aligned) against K and returns N.
+int64_t check_weights(const char* op, const at::Tensor& weight_packed, const at::Tensor& weight_scale, int64_t K) {
+  TORCH_CHECK(weight_packed.is_cuda() && weight_scale.is_cuda(), op,
+              ": weight_packed and weight_scale must be CUDA tensors");
   TORCH_CHECK(K % 128 == 0, op, ": K=", K, " must be a multiple of 128");
   TORCH_CHECK(weight_packed.scalar_type() == at::kByte && weight_packed.dim() == 2 &&
                   weight_packed.size(1) * 4 == K && weight_packed.is_contiguous(),
@@ -62,47 +62,103 @@ at::Tensor run_linear(const char* op, Launch launch, int max_m, bool fp32, const
                   weight_scale.size(1) == K / 128 && weight_scale.is_contiguous(),
               op, ": weight_scale must be contiguous float16 [N, K/128] = [", N, ", ", K / 128, "], got ",
               weight_scale.scalar_type(), " ", weight_scale.sizes());
-  TORCH_CHECK(aligned16(x) && aligned16(weight_packed), op, ": x and weight_packed must be 16-byte aligned");
+  TORCH_CHECK(aligned16(weight_packed), op, ": weight_packed must be 16-byte aligned");
   TORCH_CHECK(N <= INT32_MAX && K <= INT32_MAX, op, ": N and K must fit in int32");
-  const void* bias_ptr = nullptr;
-  at::Tensor b;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == x.scalar_type() && b.dim() == 1 && b.size(0) == N && b.is_cuda(), op,
-                ": bias must be a CUDA [N] = [", N, "] tensor of x's dtype ", x.scalar_type(), ", got ",
-                b.scalar_type(), " ", b.sizes());
-    bias_ptr = b.data_ptr();
-  }
+  return N;
+}
+
+// The bias as a contiguous [N] tensor of `dtype` (kept alive by the caller), or nullptr.
+const void* bias_pointer(const char* op, const std::optional<at::Tensor>& bias, at::ScalarType dtype, int64_t N,
+                         at::Tensor& keep) {
+  if (!bias.has_value()) return nullptr;
+  keep = bias->contiguous();
+  TORCH_CHECK(keep.scalar_type() == dtype && keep.dim() == 1 && keep.size(0) == N && keep.is_cuda(), op,
+              ": bias must be a CUDA [N] = [", N, "] tensor of dtype ", dtype, ", got ", keep.scalar_type(), " ",
+              keep.sizes());
+  return keep.data_ptr();
+}
+
+// x [M, K] contiguous and 16-byte aligned, 1 <= M <= max_m, fp16/bf16 (and fp32 when `fp32`).
+void check_x(const char* op, const at::Tensor& x, int max_m, bool fp32) {
+  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous [M, K] tensor, got ", x.sizes());
+  const int code = dtype_code(x.scalar_type());
+  TORCH_CHECK(code >= 0 && (fp32 || code != 2), op, ": x must be float16",
+              fp32 ? ", bfloat16 or float32" : " or bfloat16", ", got ", x.scalar_type());
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= max_m, op, ": x has M=", x.size(0), " rows; this kernel takes 1..",
+              max_m);
+  TORCH_CHECK(aligned16(x), op, ": x must be 16-byte aligned");
+}
+
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                       const std::optional<at::Tensor>& bias) {
+  const char* op = "ternop.linear_cuda";
+  check_x(op, x, ternop::ternary_gemv_max_m(), true);
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  at::Tensor keep;
+  const void* b = bias_pointer(op, bias, x.scalar_type(), N, keep);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({M, N}, x.options());
-  const cudaError_t err =
-      launch(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
-             reinterpret_cast<const __half*>(weight_scale.data_ptr()), bias_ptr, out.data_ptr(), static_cast<int>(M),
-             static_cast<int>(N), static_cast<int>(K), c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  const cudaError_t err = ternop::launch_ternary_gemv(
+      x.data_ptr(), dtype_code(x.scalar_type()), weight_packed.data_ptr<uint8_t>(),
+      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
+      static_cast<int>(N), static_cast<int>(K), stream_of(x));
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
 
-at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                       const std::optional<at::Tensor>& bias) {
-  return run_linear("ternop.linear_cuda", &ternop::launch_ternary_gemv, ternop::ternary_gemv_max_m(), true, x,
-                    weight_packed, weight_scale, bias);
+at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                           const std::optional<at::Tensor>& bias, bool a16) {
+  const char* op = "ternop.linear_cuda_mma";
+  check_x(op, x, ternop::ternary_mma_max_m(), false);
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  at::Tensor keep;
+  const void* b = bias_pointer(op, bias, x.scalar_type(), N, keep);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({M, N}, x.options());
+  const cudaError_t err = ternop::launch_ternary_mma(
+      x.data_ptr(), dtype_code(x.scalar_type()), weight_packed.data_ptr<uint8_t>(),
+      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
+      static_cast<int>(N), static_cast<int>(K), a16, stream_of(x));
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return out;
 }
 
-at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                           const std::optional<at::Tensor>& bias) {
-  return run_linear("ternop.linear_cuda_mma", &ternop::launch_ternary_mma, ternop::ternary_mma_max_m(), false, x,
-                    weight_packed, weight_scale, bias);
+at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
+                              const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                              at::ScalarType dtype) {
+  const char* op = "ternop.linear_cuda_mma_a8";
+  TORCH_CHECK(q.is_cuda() && qs.is_cuda(), op, ": q and qs must be CUDA tensors");
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() && aligned16(q), op,
+              ": q must be a contiguous, 16-byte aligned int8 [M, K] tensor, got ", q.scalar_type(), " ", q.sizes());
+  const int64_t M = q.size(0), K = q.size(1);
+  TORCH_CHECK(M >= 1 && M <= ternop::ternary_mma_a8_max_m(), op, ": q has M=", M, " rows; this kernel takes 1..",
+              ternop::ternary_mma_a8_max_m());
+  TORCH_CHECK(qs.scalar_type() == at::kFloat && qs.dim() == 1 && qs.size(0) == M && qs.is_contiguous(), op,
+              ": qs must be a contiguous float32 [M] = [", M, "] tensor, got ", qs.scalar_type(), " ", qs.sizes());
+  const int code = dtype_code(dtype);
+  TORCH_CHECK(code >= 0, op, ": dtype must be float16, bfloat16 or float32, got ", dtype);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  at::Tensor keep;
+  const void* b = bias_pointer(op, bias, dtype, N, keep);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({M, N}, q.options().dtype(dtype));
+  const cudaError_t err = ternop::launch_ternary_mma_a8(
+      q.data_ptr<int8_t>(), qs.data_ptr<float>(), code, weight_packed.data_ptr<uint8_t>(),
+      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
+      static_cast<int>(N), static_cast<int>(K), stream_of(q));
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(ternop, m) {
-  m.def("linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor");
-  m.def("linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda", &linear_cuda);
   m.impl("linear_cuda_mma", &linear_cuda_mma);
+  m.impl("linear_cuda_mma_a8", &linear_cuda_mma_a8);
 }

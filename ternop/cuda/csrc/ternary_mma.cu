@@ -1,5 +1,5 @@
-// Small-M ternary linear on tensor cores for format v1: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]),
-// 1 <= M <= 16, x fp16 or bf16.
+// Small-M ternary linear on tensor cores: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]),
+// 1 <= M <= 16, x fp16 or bf16, weights in format v1 or in the "a16" layout (ternop/layouts.py).
 //
 // Like ternary_gemv.cu this file holds only CUDA code (no torch headers) so that nvcc can
 // compile it alone in CI; linear_cuda.cpp calls launch_ternary_mma().
@@ -18,6 +18,12 @@
 // so all 16 k of an mma lie in one scale block: 8 steps give the block's fp32 partial,
 // which is multiplied by its fp16 scale (as fp32) and added to the accumulator.
 // tests/cuda/test_mma_mapping.py replays this mapping in NumPy.
+//
+// The a16 layout stores u = v + 1 and puts the neighbours (2p, 2p + 1) in fields (p, p + 8),
+// so the same shift-and-mask yields pairs in x's memory order: step i = 4h + s takes
+// pair(2s) = codes (4s, 4s + 1) into slots (2q, 2q + 1) and pair(2s + 1) = codes
+// (4s + 2, 4s + 3) into slots (2q + 8, 2q + 9), and B is two x registers as loaded: no PRMT,
+// and no plus2 (u is already an offset value). The subtract takes 2^e + 1 instead of 2^e + 2.
 //
 // Decode. Per 2-bit field lo - hi + 2 is in {1, 2, 3}, so
 //   d = (w & 0x55555555) + 0xAAAAAAAA - ((w >> 1) & 0x55555555)
@@ -45,9 +51,10 @@ constexpr int kMaxWarps = 8;
 // later blocks live too (106-128 registers at depth 4).
 constexpr int kDepth = 2;
 // CTAs per SM that ptxas must fit: 64 registers for one n8 tile, 128 for two (ptxas uses 64
-// and 106; tests/cuda/test_nvcc_compile.py checks that nothing spills).
-template <int NT>
-constexpr int min_ctas() { return NT == 1 ? 4 : 2; }
+// and 106; tests/cuda/test_nvcc_compile.py checks that nothing spills). The a16 one-tile
+// kernel keeps more pairs live and spilled at 64, so it gets 80 (three CTAs).
+template <int NT, bool kA16>
+constexpr int min_ctas() { return NT == 1 ? (kA16 ? 3 : 4) : 2; }
 
 // The weights are read exactly once: keep them out of L1, where x lives.
 __device__ __forceinline__ uint2 load_stream8(const void* p) {
@@ -65,7 +72,8 @@ template <>
 struct Mma<__half> {
   using Pair = __half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024) as fp16: ulp 1
-  static constexpr uint32_t kBias = 0x64026402u;   // (1026, 1026)
+  static constexpr uint32_t kBias = 0x64026402u;   // (1026, 1026): v1 fields hold v + 2
+  static constexpr uint32_t kBiasA16 = 0x64016401u;  // (1025, 1025): a16 fields hold v + 1
 };
 
 template <>
@@ -73,6 +81,7 @@ struct Mma<__nv_bfloat16> {
   using Pair = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128) as bf16: ulp 1
   static constexpr uint32_t kBias = 0x43024302u;   // (130, 130)
+  static constexpr uint32_t kBiasA16 = 0x43014301u;  // (129, 129)
 };
 
 // Packed a - b of two pairs of T.
@@ -112,12 +121,12 @@ __device__ __forceinline__ uint32_t plus2(uint32_t w) {
 // Codes j (low half) and j + 8 (high half) of the word whose plus2() is d, as a pair of v.
 // The mask and the OR are one LOP3 only when the magic sits in a register (a LOP3 takes one
 // immediate), which ptxas does not arrange by itself.
-template <typename T, int J>
+template <typename T, int J, bool kA16>
 __device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
   uint32_t r;
   // 0xEA = (a & b) | c
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(d >> (2 * J)), "n"(0x00030003), "r"(magic));
-  return sub2<T>(r, Mma<T>::kBias);
+  return sub2<T>(r, kA16 ? Mma<T>::kBiasA16 : Mma<T>::kBias);
 }
 
 // The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
@@ -135,39 +144,47 @@ __device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
 }
 
 // mma step 4H + S of a block (e = 2S): A from codes (e, e + 8) and (e + 1, e + 9) of word H
-// of rows g (d_g = plus2 of that word) and g + 8 (d_g8); B from the same k of x.
-template <typename T, int NT, int H, int S>
+// (v1; a16: codes (4S, 4S + 1) and (4S + 2, 4S + 3)) of rows g (d_g: plus2 of that word for
+// v1, the word itself for a16) and g + 8 (d_g8); B from the same k of x.
+template <typename T, int NT, int H, int S, bool kA16>
 __device__ __forceinline__ void mma_step(uint32_t d_g, uint32_t d_g8, const uint32_t (&xv)[NT][16], uint32_t magic,
                                          float (&c)[NT][4]) {
-  const uint32_t a0 = pair<T, 2 * S>(d_g, magic);       // row g,     slots 2q, 2q+1
-  const uint32_t a1 = pair<T, 2 * S>(d_g8, magic);      // row g + 8, slots 2q, 2q+1
-  const uint32_t a2 = pair<T, 2 * S + 1>(d_g, magic);   // row g,     slots 2q+8, 2q+9
-  const uint32_t a3 = pair<T, 2 * S + 1>(d_g8, magic);  // row g + 8, slots 2q+8, 2q+9
+  const uint32_t a0 = pair<T, 2 * S, kA16>(d_g, magic);       // row g,     slots 2q, 2q+1
+  const uint32_t a1 = pair<T, 2 * S, kA16>(d_g8, magic);      // row g + 8, slots 2q, 2q+1
+  const uint32_t a2 = pair<T, 2 * S + 1, kA16>(d_g, magic);   // row g,     slots 2q+8, 2q+9
+  const uint32_t a3 = pair<T, 2 * S + 1, kA16>(d_g8, magic);  // row g + 8, slots 2q+8, 2q+9
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    // x[16H + 2S] and x[16H + 2S + 8] are the low halves of xv[8H + S] and xv[8H + S + 4];
-    // x[16H + 2S + 1] and x[16H + 2S + 9] their high halves.
-    const uint32_t lo = xv[t][8 * H + S], hi = xv[t][8 * H + S + 4];
-    const uint32_t b0 = __byte_perm(lo, hi, 0x5410);  // slots 2q, 2q+1
-    const uint32_t b1 = __byte_perm(lo, hi, 0x7632);  // slots 2q+8, 2q+9
+    uint32_t b0, b1;
+    if constexpr (kA16) {
+      // x[16H + 4S .. 16H + 4S + 3] are xv[8H + 2S] and xv[8H + 2S + 1], as loaded.
+      b0 = xv[t][8 * H + 2 * S];      // slots 2q, 2q+1
+      b1 = xv[t][8 * H + 2 * S + 1];  // slots 2q+8, 2q+9
+    } else {
+      // x[16H + 2S] and x[16H + 2S + 8] are the low halves of xv[8H + S] and xv[8H + S + 4];
+      // x[16H + 2S + 1] and x[16H + 2S + 9] their high halves.
+      const uint32_t lo = xv[t][8 * H + S], hi = xv[t][8 * H + S + 4];
+      b0 = __byte_perm(lo, hi, 0x5410);  // slots 2q, 2q+1
+      b1 = __byte_perm(lo, hi, 0x7632);  // slots 2q+8, 2q+9
+    }
     mma_16816<T>(c[t], a0, a1, a2, a3, b0, b1);
   }
 }
 
 // Word H (0 or 1) of a block: mma steps 4H..4H+3. w_g and w_g8 are that word of rows g
 // and g + 8.
-template <typename T, int NT, int H>
+template <typename T, int NT, int H, bool kA16>
 __device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint32_t (&xv)[NT][16], uint32_t magic,
                                          float (&c)[NT][4]) {
-  const uint32_t d_g = plus2(w_g), d_g8 = plus2(w_g8);
-  mma_step<T, NT, H, 0>(d_g, d_g8, xv, magic, c);
-  mma_step<T, NT, H, 1>(d_g, d_g8, xv, magic, c);
-  mma_step<T, NT, H, 2>(d_g, d_g8, xv, magic, c);
-  mma_step<T, NT, H, 3>(d_g, d_g8, xv, magic, c);
+  const uint32_t d_g = kA16 ? w_g : plus2(w_g), d_g8 = kA16 ? w_g8 : plus2(w_g8);
+  mma_step<T, NT, H, 0, kA16>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 1, kA16>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 2, kA16>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 3, kA16>(d_g, d_g8, xv, magic, c);
 }
 
-template <typename T, int NT>
-__global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_kernel(
+template <typename T, int NT, bool kA16>
+__global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
   __shared__ float red[kMaxWarps - 1][NT * 4][32];
@@ -240,8 +257,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT>()) ternary_mma_ke
       for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
-      mma_word<T, NT, 0>(wa.x, wb.x, xv, magic, c);
-      mma_word<T, NT, 1>(wa.y, wb.y, xv, magic, c);
+      mma_word<T, NT, 0, kA16>(wa.x, wb.x, xv, magic, c);
+      mma_word<T, NT, 1, kA16>(wa.y, wb.y, xv, magic, c);
       // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -297,7 +314,7 @@ int warps_for(int blocks) {
   return w;
 }
 
-template <typename T>
+template <typename T, bool kA16>
 cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
                      int K, cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
@@ -306,9 +323,9 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
   const dim3 grid((N + 15) / 16);
   const dim3 block(32 * warps_for(K / 128));
   if (M <= 8) {
-    ternary_mma_kernel<T, 1><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+    ternary_mma_kernel<T, 1, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
   } else {
-    ternary_mma_kernel<T, 2><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+    ternary_mma_kernel<T, 2, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
   }
   return cudaGetLastError();
 }
@@ -318,14 +335,16 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
 // Largest M the kernel takes (two n8 tiles).
 int ternary_mma_max_m() { return 16; }
 
-// x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4]; ws: fp16 [N, K/128];
-// bias: [N] in x's dtype or nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a
-// multiple of 128, 1 <= M <= 16, N < 2^31 / 16.
+// x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4] in format v1
+// (a16 = false) or the a16 layout (a16 = true); ws: fp16 [N, K/128]; bias: [N] in x's dtype or
+// nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 16,
+// N < 2^31 / 16.
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, cudaStream_t stream) {
+                               void* out, int M, int N, int K, bool a16, cudaStream_t stream) {
   if (!valid_shape(M, ternary_mma_max_m(), N, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
-    return launch_t<decltype(tag)>(x, wp, ws, bias, out, M, N, K, stream);
+    return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, stream)
+               : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, stream);
   });
 }
 

@@ -1,0 +1,58 @@
+"""Schemas and fake kernels of the CUDA C++ kernels' private ops.
+
+    ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
+    ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
+                            bool a16=False) -> Tensor
+    ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
+                               Tensor? bias, ScalarType dtype) -> Tensor
+
+The schemas live here, next to every other ternop schema, so they exist (and trace) whether
+or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
+which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and dtypes are
+those of ``linear_cuda.cpp``'s header comment.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_lib = torch.library.Library("ternop", "FRAGMENT")
+_lib.define("linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor")
+_lib.define(
+    "linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, bool a16=False) -> Tensor"
+)
+_lib.define(
+    "linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
+    "ScalarType dtype) -> Tensor"
+)
+
+OPS = ("linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8")
+
+
+def _out(rows: torch.Tensor, weight_packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    torch._check(rows.dim() == 2, lambda: f"expected a 2-D [M, K] input, got {tuple(rows.shape)}")
+    torch._check(
+        weight_packed.dim() == 2 and weight_packed.shape[1] * 4 == rows.shape[1],
+        lambda: f"weight_packed {tuple(weight_packed.shape)} does not hold K={rows.shape[1]}",
+    )
+    return rows.new_empty((rows.shape[0], weight_packed.shape[0]), dtype=dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda", lib=_lib)
+def _linear_cuda_fake(x, weight_packed, weight_scale, bias=None):
+    return _out(x, weight_packed, x.dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_mma", lib=_lib)
+def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False):
+    return _out(x, weight_packed, x.dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_mma_a8", lib=_lib)
+def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype):
+    return _out(q, weight_packed, dtype)
+
+
+def has_kernel(op: str) -> bool:
+    """Whether the built extension registered the CUDA kernel of ``ternop::<op>`` (asks the dispatcher)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"ternop::{op}", "CUDA")

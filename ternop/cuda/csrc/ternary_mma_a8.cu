@@ -1,0 +1,251 @@
+// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 16, weights in the "a8" layout.
+//
+//   out[m, n] = s_x[m] * sum_b P[m, n, b] * scale[n, b] (+ bias[n]),
+//   P[m, n, b] = sum_{k in block b} q[m, k] * v[n, k]   (int32, exact)
+//
+// q int8 [M, K] and s_x fp32 [M] come from the per-token quantization of x
+// (ternop/activations.py is the spec); out is in x's dtype. Like ternary_mma.cu, this file
+// holds only CUDA code, and its structure is that kernel's: a CTA of W warps owns 16 rows,
+// warp w takes a contiguous range of scale blocks with two blocks of weight loads in flight,
+// and warp 0 adds the other warps' fragments in a fixed order (deterministic, no atomics).
+//
+// Orientation. One mma.sync m16n8k32 s8 multiplies A = 16 weight rows x 32 k by
+// B = 32 k x 8 tokens into int32 C [16 rows x 8 tokens]; M <= 8 uses one n8 tile, M <= 16
+// two that share the A fragment. Tokens past M and rows past N read token 0 / row 0.
+//
+// k order. Lane (g = lane / 4, q = lane % 4) owns, for rows g and g + 8, the 32 weights
+// [32q, 32q + 32) of each 128-wide block: two words h = 0, 1 of 16 codes. In the a8 layout
+// (ternop/layouts.py) a word shifted right by s_r = 0, 2, 16, 18 holds the codes of weights
+// 4r..4r+3 of the word in its nibbles 0..3; masked with 0x3333 they are the byte selectors of
+// one PRMT into the table 0x00FF0100 = int8 (0, +1, -1, 0), the values of codes 0..3. So
+// quad(h, r) is one register of four int8 weights, k = 32q + 16h + 4r + {0..3}, in the order
+// of the int8 x in memory. mma step s = 0..3 of a block takes word h = s / 2 and r = 2(s % 2):
+//   A slots 4q..4q+3      <- quad(h, r)      (a0: row g, a1: row g + 8)
+//   A slots 16+4q..16+4q+3 <- quad(h, r + 1)  (a2: row g, a3: row g + 8)
+//   B b0, b1              <- x words 4h + r and 4h + r + 1 of the lane's 32 bytes, as loaded.
+// All 32 k of an mma lie in one block: four steps give the block's exact int32 partial, which
+// is converted (|P| <= 127 * 128) and multiplied by the block's fp16 scale in fp32.
+// tests/cuda/test_mma_mapping.py replays this mapping in NumPy.
+
+#include "ternary_common.cuh"
+
+namespace ternop {
+
+namespace {
+
+constexpr int kMaxWarpsA8 = 8;
+constexpr int kDepthA8 = 2;
+constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
+
+__device__ __forceinline__ uint2 load_stream8_a8(const void* p) {
+  // The weights are read exactly once: keep them out of L1, where x lives.
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+// Four int8 weights k = 4R..4R+3 of word w (a8 layout), as one register.
+template <int R>
+__device__ __forceinline__ uint32_t quad(uint32_t w, uint32_t table) {
+  constexpr int kShift = (R / 2) * 16 + (R % 2) * 2;
+  const uint32_t sel = (w >> kShift) & 0x3333u;
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %1, %2;" : "=r"(r) : "r"(table), "r"(sel));
+  return r;
+}
+
+// c += A (16 x 32 int8) * B (32 x 8 int8), int32 accumulate.
+__device__ __forceinline__ void mma_16832(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // no m16n8k32 s8 before sm_80; the registry never launches it there
+#else
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// Steps 2H and 2H + 1 of a block: word H of rows g (w_g) and g + 8 (w_g8).
+template <int NT, int H>
+__device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const uint32_t (&xw)[NT][8], uint32_t table,
+                                            int (&c)[NT][4]) {
+  const uint32_t g0 = quad<0>(w_g, table), g1 = quad<1>(w_g, table);
+  const uint32_t g2 = quad<2>(w_g, table), g3 = quad<3>(w_g, table);
+  const uint32_t h0 = quad<0>(w_g8, table), h1 = quad<1>(w_g8, table);
+  const uint32_t h2 = quad<2>(w_g8, table), h3 = quad<3>(w_g8, table);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    mma_16832(c[t], g0, h0, g1, h1, xw[t][4 * H + 0], xw[t][4 * H + 1]);
+    mma_16832(c[t], g2, h2, g3, h3, xw[t][4 * H + 2], xw[t][4 * H + 3]);
+  }
+}
+
+// CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two (ptxas uses 60
+// and 90; at 3 CTAs the two-tile kernel spilled).
+template <typename T, int NT>
+__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma_a8_kernel(
+    const int8_t* __restrict__ q, const float* __restrict__ qs, const uint8_t* __restrict__ wp,
+    const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+  __shared__ float red[kMaxWarpsA8 - 1][NT * 4][32];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  const int g = lane / 4, qd = lane % 4;
+  const int n0 = blockIdx.x * 16;
+  const int row0 = n0 + g, row1 = n0 + g + 8;
+
+  const int blocks = K / 128;
+  const int per_warp = (blocks + warps - 1) / warps;
+  const int b_begin = min(warp * per_warp, blocks);
+  const int count = min(per_warp, blocks - b_begin);
+
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  const uint8_t* pw0 = wp + static_cast<size_t>(row0 < N ? row0 : 0) * row_bytes + b_begin * 32 + 8 * qd;
+  const uint8_t* pw1 = wp + static_cast<size_t>(row1 < N ? row1 : 0) * row_bytes + b_begin * 32 + 8 * qd;
+  const __half* ps0 = ws + static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
+  const __half* ps1 = ws + static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
+  const int8_t* px[NT];  // token t * 8 + g, this lane's B column: 32 bytes per block
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int m = t * 8 + g;
+    px[t] = q + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * qd;
+  }
+  const uint32_t table = kTable;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
+
+  uint2 wbuf[kDepthA8][2];
+  __half sbuf[kDepthA8][2];
+#pragma unroll
+  for (int u = 0; u < kDepthA8; ++u) {
+    if (u < count) {
+      wbuf[u][0] = load_stream8_a8(pw0 + 32 * u);
+      wbuf[u][1] = load_stream8_a8(pw1 + 32 * u);
+      sbuf[u][0] = ps0[u];
+      sbuf[u][1] = ps1[u];
+    }
+  }
+
+  for (int left = count; left > 0; left -= kDepthA8) {
+#pragma unroll
+    for (int u = 0; u < kDepthA8; ++u) {
+      if (u >= left) break;  // warp-uniform
+      const uint2 wa = wbuf[u][0], wb = wbuf[u][1];
+      const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
+      if (u + kDepthA8 < left) {
+        wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + kDepthA8));
+        wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + kDepthA8));
+        sbuf[u][0] = ps0[u + kDepthA8];
+        sbuf[u][1] = ps1[u + kDepthA8];
+      }
+
+      uint32_t xw[NT][8];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4* p = reinterpret_cast<const uint4*>(px[t] + 128 * u);
+        const uint4 lo = __ldg(p), hi = __ldg(p + 1);
+        xw[t][0] = lo.x; xw[t][1] = lo.y; xw[t][2] = lo.z; xw[t][3] = lo.w;
+        xw[t][4] = hi.x; xw[t][5] = hi.y; xw[t][6] = hi.z; xw[t][7] = hi.w;
+      }
+
+      int c[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) c[t][r] = 0;
+      mma_word_a8<NT, 0>(wa.x, wb.x, xw, table, c);
+      mma_word_a8<NT, 1>(wa.y, wb.y, xw, table, c);
+      // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8. The int32 -> fp32
+      // conversion is exact (|P| <= 127 * 128).
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = fmaf(static_cast<float>(c[t][0]), sa, acc[t][0]);
+        acc[t][1] = fmaf(static_cast<float>(c[t][1]), sa, acc[t][1]);
+        acc[t][2] = fmaf(static_cast<float>(c[t][2]), sb, acc[t][2]);
+        acc[t][3] = fmaf(static_cast<float>(c[t][3]), sb, acc[t][3]);
+      }
+    }
+    pw0 += 32 * kDepthA8;
+    pw1 += 32 * kDepthA8;
+    ps0 += kDepthA8;
+    ps1 += kDepthA8;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) px[t] += 128 * kDepthA8;
+  }
+
+  if (warps > 1) {
+    if (warp > 0) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) red[warp - 1][t * 4 + r][lane] = acc[t][r];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    for (int w = 0; w < warps - 1; ++w)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[t][r] += red[w][t * 4 + r][lane];
+  }
+
+  // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = r < 2 ? row0 : row1;
+      const int m = t * 8 + 2 * qd + (r & 1);
+      if (n < N && m < M) {
+        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] * qs[m] + bv);
+      }
+    }
+}
+
+int warps_for_a8(int blocks) {
+  int w = 1;
+  while (w < kMaxWarpsA8 && blocks / (2 * w) >= 2) w *= 2;
+  return w;
+}
+
+template <typename T>
+cudaError_t launch_a8_t(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const void* bias,
+                        void* out, int M, int N, int K, cudaStream_t stream) {
+  const T* bt = static_cast<const T*>(bias);
+  T* ot = static_cast<T*>(out);
+  const dim3 grid((N + 15) / 16);
+  const dim3 block(32 * warps_for_a8(K / 128));
+  if (M <= 8) {
+    ternary_mma_a8_kernel<T, 1><<<grid, block, 0, stream>>>(q, qs, wp, ws, bt, ot, M, N, K);
+  } else {
+    ternary_mma_a8_kernel<T, 2><<<grid, block, 0, stream>>>(q, qs, wp, ws, bt, ot, M, N, K);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// Largest M the kernel takes (two n8 tiles).
+int ternary_mma_a8_max_m() { return 16; }
+
+// q: int8 [M, K] row-major, 16-byte aligned; qs: fp32 [M]; wp: uint8 [N, K/4] in the a8
+// layout, 16-byte aligned; ws: fp16 [N, K/128]; bias: [N] in the output dtype or nullptr;
+// out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
+// 1 <= M <= 16.
+cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
+                                  const __half* ws, const void* bias, void* out, int M, int N, int K,
+                                  cudaStream_t stream) {
+  if (!valid_shape(M, ternary_mma_a8_max_m(), N, K)) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
+    return launch_a8_t<decltype(tag)>(q, qs, wp, ws, bias, out, M, N, K, stream);
+  });
+}
+
+}  // namespace ternop
