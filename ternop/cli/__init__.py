@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     only = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(only).parse_args(argv)
     previous = None
-    if threading_is_main():
+    if _in_main_thread():  # signal handlers can only be set there
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     debug = bool(os.environ.get("TERNOP_TRACEBACK"))
     try:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-def threading_is_main() -> bool:
+def _in_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()

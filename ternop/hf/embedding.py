@@ -68,7 +68,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> tor
 @torch.no_grad()
 def embed_model(model, tokenizer, texts, pooling: str = "mean", batch_size: int = 32, max_length: int = 512):
     """Normalised sentence embeddings ``float32 [N, D]`` from an HF base model (``last_hidden_state``)."""
-    device = next(model.buffers(), next(model.parameters(), None)).device
+    device = next(model.parameters()).device
     out = []
     for i in range(0, len(texts), batch_size):
         batch = tokenizer(
