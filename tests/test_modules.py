@@ -89,3 +89,43 @@ def test_quantize_module_output_close_to_dense_for_ternary_weights():
 )
 def test_selection_rules(name, k, skip, expected):
     assert should_quantize(name, k, skip) == expected
+
+
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                            reason="needs a CUDA device"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_ternary_linear_to_dtype_moves_the_bias_once_and_keeps_the_scales(device, dtype):
+    """``module.to(dtype)`` casts the bias like a dense layer's; the scales keep their float16 bits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tests.reference import assert_within_2x_of_dense
+
+    layer = TernaryLinear.from_linear(nn.Linear(256, 96)).to(device)
+    scale = layer.weight_scale.clone()
+    layer.to(dtype)
+    assert layer.bias.dtype == dtype and layer.weight_scale.dtype == torch.float16
+    assert torch.equal(layer.weight_scale, scale)
+    assert list(layer.state_dict()) == ["weight_packed", "weight_scale", "bias"]
+
+    class Casts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Casts.count += func is torch.ops.aten._to_copy.default
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(7, 256, device=device, dtype=dtype)
+    with Casts():
+        y = layer(x)
+    assert Casts.count == 0  # nothing is cast per call
+    assert_within_2x_of_dense(y, x, layer.weight_packed, layer.weight_scale, layer.bias)
+
+
+def test_quantize_module_rejects_a_skip_pattern_that_matches_nothing():
+    model = Tiny()
+    with pytest.raises(ValueError, match=r"skip pattern 'atention' matches no linear layer"):
+        quantize_module(model, skip=["atention"])
+    assert type(model.layers[0].query) is nn.Linear  # checked before anything changed

@@ -59,6 +59,16 @@ def test_hf_ternary_model_matches_the_dequantized_reference(ternary_minilm):
     assert float((got * want).sum(-1).min()) > 0.99999
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])  # fmt: skip
+def test_hf_ternary_model_runs_on_each_device(ternary_minilm, device):
+    model = ternop.hf.load_model(ternary_minilm).to(device)
+    tok = ternop.hf.load_tokenizer(ternary_minilm)
+    got = ternop.hf.embed_model(model, tok, PROMPTS)
+    want = ternop.hf.embed_texts(ternary_minilm, PROMPTS, dense=True)
+    assert float((got * want).sum(-1).min()) > 0.9999
+
+
 def test_hf_sentence_transformer_loads_ternary_layers(ternary_minilm):
     st = pytest.importorskip("sentence_transformers")
     model = st.SentenceTransformer(str(ternary_minilm), device="cpu")
