@@ -190,6 +190,11 @@ def test_no_private_names_across_folders():
     assert not bad, "private names used across folders:\n" + "\n".join(bad)
 
 
+def test_one_table_of_safetensors_dtypes():
+    holders = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if '"BF16"' in p.read_text())
+    assert holders == ["checkpoint/safetensors_io.py"], holders
+
+
 @pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_size_has_a_reason(path):
     lines = path.read_text().count("\n")

@@ -95,3 +95,45 @@ def test_read_quant_config_defaults_and_errors(tmp_path):
         ckpt.read_quant_config(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     assert ckpt.read_quant_config(tmp_path) is None
+
+
+def test_codes_and_scales_may_sit_in_different_files_and_scales_may_be_zero_or_negative(bert_dir, tmp_path):
+    """What docs/FORMAT.md allows, readers accept: split files, a zero block, a negative scale."""
+    from ternop.cli import validate
+
+    dst = tmp_path / "q"
+    quantize_checkpoint(bert_dir, dst, method="absmean", progress=False)
+    tensors = load_file(str(dst / "model.safetensors"))
+    prefix = "encoder.layer.1.output.dense"
+    packed, scale = tensors[prefix + ".weight_packed"], tensors[prefix + ".weight_scale"].clone()
+    want = dequantize(packed, scale)
+    # Negative scale with the codes swapped (01 <-> 10) is the same weight; a zero scale zeroes its block.
+    swapped = ((packed & 0x55) << 1) | ((packed >> 1) & 0x55)
+    tensors[prefix + ".weight_packed"] = torch.cat([swapped[:1], packed[1:]])
+    scale[0] = -scale[0]
+    scale[1, 0] = 0.0
+    tensors[prefix + ".weight_scale"] = scale
+    want[1, :128] = 0.0
+    codes = {k: v for k, v in tensors.items() if k.endswith(".weight_packed")}
+    rest = {k: v for k, v in tensors.items() if k not in codes}
+    (dst / "model.safetensors").unlink()
+    save_file(codes, str(dst / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    save_file(rest, str(dst / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    layers = ckpt.load_ternary_layers(dst)
+    assert torch.equal(dequantize(*layers[prefix]), want)
+    assert validate.check_cpu_unpack(dst).startswith("12 layers")
+
+
+def test_written_folders_get_mkdir_permissions_and_no_partial_folder_survives_an_interrupt(bert_dir, tmp_path):
+    old = os.umask(0o027)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ckpt.atomic_folder(tmp_path / "out") as tmp:
+                (tmp / "half.bin").write_bytes(b"x")
+                raise KeyboardInterrupt
+        assert list(tmp_path.iterdir()) == []
+        with ckpt.atomic_folder(tmp_path / "out") as tmp:
+            (tmp / "whole.bin").write_bytes(b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o750 and [p.name for p in tmp_path.iterdir()] == ["out"]

@@ -155,3 +155,11 @@ def test_docs_state_one_demo_duration():
     found = {k: re.findall(r"(?:takes|took) about (\w+ minutes) on (\w+) (?:CPU )?cores", v) for k, v in said.items()}
     assert all(len(v) == 1 for v in found.values()), found
     assert len({tuple(v[0]) for v in found.values()}) == 1, found
+
+
+def test_docs_llm_snippets_guard_the_main_module():
+    """vLLM starts worker processes that re-import the main module: a snippet that builds LLM(...) needs the guard."""
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):
+            if "LLM(" in block:
+                assert 'if __name__ == "__main__":' in block, f"{doc.name}: {block[:80]!r}"
