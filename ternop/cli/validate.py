@@ -7,9 +7,9 @@ Prints exactly three lines and exits 1 if any says FAIL (2 for a folder that doe
     TP_SHARD: OK|SKIPPED|FAIL <reason>    each rank's shard (through vLLM's loaders) equals a slice
                                           of the full matrix, for every fused layer
 
-Without ``--tp``, TP_SHARD checks tensor parallelism 1 and every larger size up to 8 at which
-the checkpoint's layers split on whole 128-weight blocks, and names those sizes; with ``--tp N``
-it checks N alone. GPU_LOAD and TP_SHARD are SKIPPED when CPU_UNPACK fails.
+Without ``--tp``, TP_SHARD checks tensor parallelism 1 and the largest size up to 8 at which
+the checkpoint's layers split on whole 128-weight blocks and heads, and names every such size;
+with ``--tp N`` it checks N alone. GPU_LOAD and TP_SHARD are SKIPPED when CPU_UNPACK fails.
 """
 
 from __future__ import annotations
@@ -87,14 +87,14 @@ def check_gpu_load(path) -> str | None:
 
 
 def check_tp_shard(path, tp: int | None) -> str:
-    """With ``tp``, that size only; without, 1 and every supported size up to MAX_TP."""
+    """With ``tp``, that size only; without, 1 and the largest supported size up to MAX_TP."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     from ternop.checkpoint import load_config, load_ternary_layers
     from ternop.vllm_plugin.sharding import check_tp_shards, supported_tp_sizes
 
     layers, config = load_ternary_layers(path), load_config(path)
     supported = supported_tp_sizes(layers, config, MAX_TP)
-    sizes = [tp] if tp is not None else [1, *(t for t in supported if t > 1)]
+    sizes = [tp] if tp is not None else sorted({1, max(supported, default=1)})
     for size in sizes:
         groups = check_tp_shards(layers, config, size)
     kinds = sorted({g.split("(")[1].split(",")[0] for g in groups})
@@ -132,8 +132,8 @@ def run(path, tp: int | None = None) -> tuple[list[str], bool]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="ternary v1 checkpoint folder")
     parser.add_argument("--tp", type=int, default=None, metavar="N",
-                        help=f"check this tensor-parallel size only (default: 1 and every size up to {MAX_TP} "
-                             "the checkpoint supports)")  # fmt: skip
+                        help=f"check this tensor-parallel size only (default: 1 and the largest size up to "
+                             f"{MAX_TP} the checkpoint supports)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:

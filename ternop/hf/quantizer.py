@@ -37,10 +37,11 @@ class TernaryHfConfig(QuantizationConfigMixin):
         self.format_version = FORMAT_VERSION
         self.block_size = BLOCK_SIZE
         self.modules_to_not_convert = list(modules_to_not_convert or [])
+        self.extra = {k: v for k, v in kwargs.items() if k != "quant_method"}  # kept, so save_pretrained keeps them
 
     def to_dict(self) -> dict:
         return {"quant_method": QUANT_METHOD, "format_version": self.format_version, "block_size": self.block_size,
-                "modules_to_not_convert": list(self.modules_to_not_convert)}  # fmt: skip
+                "modules_to_not_convert": list(self.modules_to_not_convert), **self.extra}  # fmt: skip
 
 
 def replace_linears(model: nn.Module, module_names: Iterable[str], dtype: torch.dtype | None = None) -> None:
@@ -83,12 +84,6 @@ class TernaryHfQuantizer(HfQuantizer):
             raise ValueError("ternary checkpoints load from a local folder of *.safetensors files; none were found")
         replace_linears(model, ternary_modules(model, checkpoint_files), dtype)
         return model
-
-    def _process_model_after_weight_loading(self, model, **kwargs):
-        return model
-
-    def param_element_size(self, model, param_name: str, param: torch.Tensor) -> float:
-        return param.element_size()
 
     def _dequantize(self, model, dtype=None):
         """Replaces every TernaryLinear by an nn.Linear holding its dense weight (value x scale)."""
