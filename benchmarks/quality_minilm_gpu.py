@@ -54,7 +54,7 @@ def device(job: Path, out: Path, tag: str, extra: list[str]) -> None:
     save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, str(base / "model.safetensors"))
     dst = Path(f"/tmp/minilm-distilled-{tag}")
     cmd = [sys.executable, "-m", "ternop.cli", "distill", str(base), str(dst), "--data", str(job / "train.txt"),
-           "--device", "cuda", *extra]  # fmt: skip
+           "--device", "cuda", "--force", *extra]  # fmt: skip
     print(" ".join(cmd), flush=True)
     subprocess.check_call(cmd)
     ckpt = load_file(str(dst / "model.safetensors"))
