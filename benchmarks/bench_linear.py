@@ -1,7 +1,8 @@
 """Benchmark ternop.linear on CUDA against cuBLAS bf16 and "dequantize, then F.linear".
 
     python benchmarks/bench_linear.py [--out benchmarks/results/h200/bench_linear.json]
-    python benchmarks/bench_linear.py --sweep     # offline tuning of the static config table
+
+(Tile candidates for the static config tables are timed by benchmarks/sweep_fused.py.)
 
 Method (as a server runs: no per-call syncs):
 - Weights are rotated: each timed graph calls the layer on R distinct weight copies, with R
@@ -13,9 +14,13 @@ Method (as a server runs: no per-call syncs):
   bf16 at the same (shape, M), GB/s (the bytes the implementation must move: weights,
   x and out) and TFLOP/s (2*M*N*K).
 
-Implementations: every ternop CUDA backend forced (``backend:<name>``), the dispatcher
-(``ternop``: what ``ternop.linear`` picks from M), ``cublas_bf16`` (F.linear on bf16
-weights) and ``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call).
+Implementations: the dispatcher (what ``ternop.linear`` picks from M) as a served model
+calls it: ``ternop`` (16-bit activations, weights repacked to the a16 layout), ``ternop_v1``
+(the same on format-v1 weights as stored) and ``ternop_a8`` (int8 activations, a8 layout,
+per-token quantization included); every backend that can run the call, forced
+(``backend:<name>[<layout>]``); ``cublas_bf16`` (F.linear on bf16 weights) and
+``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call). The report
+is stamped with the git commit of the code it ran.
 """
 
 from __future__ import annotations
@@ -28,17 +33,19 @@ import statistics
 import sys
 from pathlib import Path
 
+import subprocess
+
 import torch
 import torch.nn.functional as F
 
 import ternop
-from ternop import backends
+from ternop import backends, layouts
 
 SHAPES = {
     "0.6B": [(1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024)],
     "8B": [(4096, 4096), (4096, 14336), (4096, 28672), (14336, 4096)],
 }
-MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192]
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192]
 L2_BYTES = 50 * 2**20
 DTYPE = torch.bfloat16
 
@@ -92,18 +99,27 @@ def dequant(packed, scale, shifts):
 
 
 def impls(x, tern, dense):
-    """name -> (fn(i), n_copies) for one (shape, M)."""
-    x2 = x
+    """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies."""
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
+    v1, a16, a8 = tern["v1"], tern["a16"], tern["a8"]
     res = {
         "cublas_bf16": (lambda i: F.linear(x, dense[i % len(dense)]), len(dense)),
-        "dequant_bf16": (lambda i: F.linear(x, dequant(*tern[i % len(tern)], shifts)), len(dense)),
-        "ternop": (lambda i: ternop.linear(x, *tern[i % len(tern)]), len(tern)),
+        "dequant_bf16": (lambda i: F.linear(x, dequant(*v1[i % len(v1)], shifts)), len(dense)),
+        "ternop": (lambda i: ternop.linear(x, *a16[i % len(a16)], layout="a16"), len(a16)),
+        "ternop_v1": (lambda i: ternop.linear(x, *v1[i % len(v1)]), len(v1)),
+        "ternop_a8": (lambda i: ternop.linear(x, *a8[i % len(a8)], activation_bits=8, layout="a8"), len(a8)),
     }
     for b in backends.available("cuda"):
-        ok, _ = b.can_implement(x2, *tern[0], None)
-        if ok:
-            res[f"backend:{b.name}"] = ((lambda b: lambda i: b.run(x2, *tern[i % len(tern)], None))(b), len(tern))
+        for bits, layout in ((16, "a16"), (16, "v1"), (8, "a8")):
+            w = tern[layout]
+            call = backends.LinearCall(x, *w[0], None, bits, layout)
+            ok, _ = b.can_implement(call)
+            if ok and not (layout == "v1" and any(k.startswith(f"backend:{b.name}[") for k in res)):
+                res[f"backend:{b.name}[{layout}]"] = (
+                    (lambda b, w, bits, layout: lambda i: b.run(
+                        backends.LinearCall(x, *w[i % len(w)], None, bits, layout)))(b, w, bits, layout),
+                    len(w),
+                )
     return res
 
 
@@ -121,8 +137,10 @@ def run_bench(args, save=None) -> dict:
     for family, shapes in SHAPES.items():
         for k, n in shapes:
             tern_bytes = n * k // 4 + 2 * n * (k // 128)
-            tern = make_weights(k, n, copies_for(tern_bytes))
-            dense = [ternop.dequantize(p, s, DTYPE) for p, s in tern[: copies_for(2 * n * k)]]
+            base = make_weights(k, n, copies_for(tern_bytes))
+            tern = {lay: [(layouts.repack(p, lay), s) for p, s in base] for lay in ("a16", "a8")}
+            tern["v1"] = base
+            dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
                 row = {}
@@ -139,13 +157,13 @@ def run_bench(args, save=None) -> dict:
                         "GBps": round(bytes_moved(name, m, k, n) / us / 1e3, 1),
                         "TFLOPs": round(2 * m * n * k / us / 1e6, 2),
                     })
-                best = min([(v, kname) for kname, v in row.items() if kname.startswith("backend:")] or [(math.inf, "-")])
-                tern_us = row.get("ternop", math.inf)
+                best = min([(v, kname) for kname, v in row.items()
+                            if kname.startswith("backend:") and not kname.endswith("[a8]")] or [(math.inf, "-")])
+                tern_us, a8_us = row.get("ternop", math.inf), row.get("ternop_a8", math.inf)
                 print(f"{family:5s} {k:6d}->{n:6d} M={m:5d}  bf16 {base:9.2f} us  ternop {tern_us:9.2f} us "
-                      f"x{base / tern_us:5.2f}  best {best[1][8:]} x{base / best[0]:5.2f}"
-                      + (f"  dequant x{base / row['dequant_bf16']:5.2f}" if "dequant_bf16" in row else ""),
+                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  best a16 {best[1][8:]} x{base / best[0]:5.2f}",
                       flush=True)
-            del tern, dense
+            del tern, dense, base
             torch.cuda.empty_cache()
             if save is not None:
                 save(_report(results, complete=False))
@@ -155,6 +173,7 @@ def run_bench(args, save=None) -> dict:
 def _report(results: list, complete: bool) -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
+        "commit": _git_commit(),
         "device": props.name,
         "sm_count": props.multi_processor_count,
         "torch": torch.__version__,
@@ -162,10 +181,19 @@ def _report(results: list, complete: bool) -> dict:
         "triton": _triton_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": "CUDA-graph replays of R calls over R rotated weight copies (> 2x the 50 MB L2), "
-                  "CUDA events, median of 7 replays after 2 warm-ups; x and out in bf16",
+                  "CUDA events, median of 7 replays after 2 warm-ups; x and out in bf16; ternop_a8 includes "
+                  "the per-token quantization of x",
         "complete": complete,
         "results": results,
     }
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _triton_version():
@@ -177,59 +205,16 @@ def _triton_version():
         return None
 
 
-def run_sweep(args) -> None:
-    """Times candidate configs of the Triton kernels; the winners go into ternop/cuda/configs.py."""
-    from ternop.cuda import triton_ops  # noqa: F401  (registers the private ops)
-
-    ops = torch.ops.ternop
-    cases = [(4096, 14336), (1024, 4096)]
-    gemm_cands = {
-        16: [(16, bn, 8, 4, s) for bn in (32, 64, 128) for s in (3, 5)],
-        64: [(bm, bn, 8, 4, 4) for bm in (32, 64) for bn in (64, 128)],
-        256: [(64, 128, 8, 4, 4), (128, 128, 8, 8, 3), (128, 64, 8, 4, 4), (64, 256, 8, 8, 3)],
-        2048: [(128, 128, 8, 8, 3), (128, 256, 8, 8, 3), (128, 128, 8, 4, 4), (256, 128, 8, 8, 3), (128, 64, 8, 4, 4)],
-    }
-    gemv_cands = [(bn, bk, 4, 2) for bn in (8, 16, 32) for bk in (256, 512)]
-    for k, n in cases:
-        tern = make_weights(k, n, copies_for(n * k // 4))
-        for m, cands in gemm_cands.items():
-            x = torch.randn(m, k, device="cuda", dtype=DTYPE)
-            timed = []
-            for c in cands:
-                try:
-                    us = time_graph(lambda i: ops._linear_triton_gemm(x, *tern[i % len(tern)], None, *c), len(tern), 5, 1)
-                except Exception as exc:  # a config may not fit in shared memory
-                    print(f"  gemm {c} failed: {type(exc).__name__}", flush=True)
-                    continue
-                timed.append((us, c))
-            timed.sort()
-            print(f"sweep gemm K={k} N={n} M={m}: " + "  ".join(f"{c}={us:.1f}" for us, c in timed[:4]), flush=True)
-        for m in (1, 4):
-            x = torch.randn(m, k, device="cuda", dtype=DTYPE)
-            timed = []
-            for c in gemv_cands:
-                us = time_graph(lambda i: ops._linear_triton_gemv(x, *tern[i % len(tern)], None, *c), len(tern), 5, 1)
-                timed.append((us, c))
-            timed.sort()
-            print(f"sweep gemv K={k} N={n} M={m}: " + "  ".join(f"{c}={us:.1f}" for us, c in timed[:4]), flush=True)
-        del tern
-        torch.cuda.empty_cache()
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/bench_linear.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
-    parser.add_argument("--sweep", action="store_true", help="time candidate Triton configs instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_linear needs a CUDA device", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     with torch.inference_mode():
-        if args.sweep:
-            run_sweep(args)
-            return 0
         args.out.parent.mkdir(parents=True, exist_ok=True)
 
         def save(report):

@@ -79,15 +79,17 @@ Table = dict[str, list[tuple[int, object]]]
 
 _BIG = 1 << 62
 
-# Picked from benchmarks/results/h200/bench_linear.json (every backend at every M) and
-# kernels_sweep.log (tile candidates), both measured on the H200:
-# - cuda_mma (tensor cores) is first for M <= 16: at M = 1 it beat cuda_gemv on six of the
-#   eight shapes (13.2 us against 16.7 us on 4096x14336) and lost on two small ones by 5-10%;
-#   at M = 2..16 it beat every other backend on every shape.
+# Picked from two runs of benchmarks/sweep_fused.py on the H200 (benchmarks/results/h200/
+# sweep_fused.json and sweep_fused_v2.json: every tile below, on the eight Qwen3-0.6B and 8B
+# shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
+# - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
+#   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels.
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
-# - triton_a16 / triton_a8: the fused kernels, every M above cuda_mma's range (see
-#   docs/KERNELS.md for the sweep that chose each tile).
-# - dequant_cublas (one dequantization pass, then cuBLAS) only where it still wins: large M.
+# - triton_a16 from M = 17 to 128 (0.85x, 0.86x and 0.63x at M = 32, 64, 128), with split-K:
+#   single programs walking all of K were latency-bound (v2 against v1 of the sweep).
+# - dequant_cublas from M = 256 (MIN_M): 0.64x, 0.71x, 0.81x, 0.88x at M = 256..2048,
+#   against 0.50x and below for the fused GEMM, which waits on every MMA.
+# - triton_a8 for every M above 16: 1.11x at M = 32, 0.98x at 64, 0.76x at 128, 0.6-0.75x above.
 # - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
 #   after the fused kernels and run for what those decline.
 SM90: Table = {
@@ -95,18 +97,18 @@ SM90: Table = {
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "triton_a16": [
-        (16, FusedConfig(16, 128, num_warps=4, num_stages=4)),
-        (32, FusedConfig(32, 128, num_warps=4, num_stages=4, max_split_k=4)),
-        (64, FusedConfig(64, 128, num_warps=4, num_stages=3, max_split_k=4)),
-        (128, FusedConfig(128, 128, num_warps=4, num_stages=3, max_split_k=2)),
+        (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
+        (32, FusedConfig(32, 128, num_warps=4, num_stages=4, swap=True, max_split_k=8)),
+        (128, FusedConfig(64, 64, num_warps=4, num_stages=3, max_split_k=8)),
         (_BIG, FusedConfig(128, 128, num_warps=8, num_stages=3)),
     ],
     "triton_a8": [
-        (16, FusedConfig(16, 128, num_warps=4, num_stages=4, max_split_k=4)),
-        (32, FusedConfig(32, 128, num_warps=4, num_stages=4, max_split_k=4)),
-        (64, FusedConfig(64, 128, num_warps=4, num_stages=3, max_split_k=4)),
-        (128, FusedConfig(128, 64, num_warps=4, num_stages=3, max_split_k=2)),
-        (_BIG, FusedConfig(128, 128, num_warps=8, num_stages=3)),
+        (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
+        (32, FusedConfig(32, 64, num_warps=4, num_stages=4, max_split_k=8)),
+        (64, FusedConfig(64, 64, num_warps=4, num_stages=4, max_split_k=8)),
+        (128, FusedConfig(64, 64, num_warps=4, num_stages=3, max_split_k=8)),
+        (256, FusedConfig(128, 64, num_warps=4, num_stages=3, max_split_k=2)),
+        (_BIG, FusedConfig(128, 64, num_warps=4, num_stages=3)),
     ],
     "triton_gemv": [(4, GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=2))],
     "triton_gemm": [
@@ -144,7 +146,7 @@ DEFAULT: Table = {
 TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
-MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 4096, "default": 256}}
+MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 256, "default": 256}}
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
 _SM_COUNT_CACHE: dict[int, int] = {}

@@ -75,9 +75,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     qs = torch.empty((m,), dtype=torch.float32, device=x.device)
+    block_k = min(16384, triton.next_power_of_2(k))  # one read of the row up to K = 16384
     quant_rows_kernel[(m,)](
         x, q, qs, k, x.stride(0), q.stride(0),
-        BLOCK_K=min(2048, triton.next_power_of_2(k)), num_warps=4,
+        BLOCK_K=block_k, num_warps=8 if block_k >= 8192 else 4,
         # x * inv must round to fp32 before the rounding to an integer, as in the reference.
         enable_fp_fusion=False,
     )

@@ -182,22 +182,25 @@ def split_k_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
 def quant_rows_kernel(x_ptr, q_ptr, qs_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
     """One row of x -> int8 q and its fp32 scale, exactly as ``ternop.activations`` says.
 
+    When BLOCK_K covers K the row is read once (at small M this kernel's latency is on the
+    critical path of every layer); otherwise twice, for the absmax and for the rounding.
     Launch with enable_fp_fusion=False: the product x * inv must round before the rounding
     to an integer, as in the reference.
     """
     m = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
+    offs = tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+    amax = tl.abs(x)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        xk = tl.load(x_ptr + m * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(xk))
     a = tl.max(amax, axis=0)
     inv = tl.where(a > 0, tl.math.div_rn(127.0, tl.where(a > 0, a, 1.0)), 0.0)
     for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+        if k0 > 0:
+            x = tl.load(x_ptr + m * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
         # Round half to even: for |t| < 2^22, t + 1.5 * 2^23 rounds t to an integer.
         r = (x * inv + 12582912.0) - 12582912.0
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
-        tl.store(q_ptr + m * stride_qm + offs, r.to(tl.int8), mask=offs < K)
+        tl.store(q_ptr + m * stride_qm + k0 + offs, r.to(tl.int8), mask=k0 + offs < K)
     tl.store(qs_ptr + m, tl.math.div_rn(a, 127.0))

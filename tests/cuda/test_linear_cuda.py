@@ -47,7 +47,8 @@ SHAPES = [
 
 
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y.double() - ref).norm() / ref.norm())
+    y, ref = y.double().cpu(), ref.double().cpu()
+    return float((y - ref).norm() / ref.norm())
 
 
 def _weights(n: int, k: int, reserved: bool = False):

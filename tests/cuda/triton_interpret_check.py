@@ -131,6 +131,15 @@ def check_fused() -> bool:
         q, s = launch_fused.quantize_rows(x)
         q_np, s_np = quantize_rows_np(x)
         q_ok &= bool((q.numpy() == q_np).all() and (s.numpy() == s_np).all())
+    # Rows longer than one block are read twice (absmax, then rounding).
+    from ternop.cuda.triton_fused import quant_rows_kernel
+
+    x = torch.randn(5, 384) * 3
+    q = torch.empty(5, 384, dtype=torch.int8)
+    s = torch.empty(5, dtype=torch.float32)
+    quant_rows_kernel[(5,)](x, q, s, 384, x.stride(0), q.stride(0), BLOCK_K=128)
+    q_np, s_np = quantize_rows_np(x)
+    q_ok &= bool((q.numpy() == q_np).all() and (s.numpy() == s_np).all())
     print(f"quantize_rows: bit for bit {'ok' if q_ok else 'FAIL'}")
     return ok and q_ok
 
