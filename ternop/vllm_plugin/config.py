@@ -10,10 +10,16 @@ from ternop.format import BLOCK_SIZE, FORMAT_VERSION
 from ternop.vllm_plugin._compat import LinearBase, QuantizationConfig, UnquantizedLinearMethod, rename_mapper
 
 
-class TernaryConfig(QuantizationConfig):
-    """``{"quant_method": "ternary", "format_version": 1, "block_size": 128, "modules_to_not_convert": [...]}``.
+ACTIVATION_BITS = (16, 8)
 
-    Missing keys take these defaults; another format_version or block_size is an error.
+
+class TernaryConfig(QuantizationConfig):
+    """``{"quant_method": "ternary", "format_version": 1, "block_size": 128, "modules_to_not_convert": [...],
+    "activation_bits": 16}``.
+
+    Missing keys take these defaults; another format_version or block_size is an error, and so
+    is an ``activation_bits`` other than 16 (x as given) or 8 (x quantized per token to int8;
+    ternop/activations.py is the spec).
     ``modules_to_not_convert`` holds Hugging Face module names (as in the checkpoint); the
     linear layers they name are served by vLLM's unquantized method.
     """
@@ -23,8 +29,14 @@ class TernaryConfig(QuantizationConfig):
         format_version: int = FORMAT_VERSION,
         block_size: int = BLOCK_SIZE,
         modules_to_not_convert: list[str] | None = None,
+        activation_bits: int = 16,
     ):
         super().__init__()
+        if activation_bits not in ACTIVATION_BITS or isinstance(activation_bits, bool):
+            raise ValueError(
+                f"ternary quantization_config: activation_bits {activation_bits!r} is not supported "
+                "(16: activations as given; 8: int8 per token)"
+            )
         if int(format_version) != FORMAT_VERSION:
             raise ValueError(
                 f"ternary quantization_config: format_version {format_version} is not supported "
@@ -37,12 +49,13 @@ class TernaryConfig(QuantizationConfig):
         self.format_version = FORMAT_VERSION
         self.block_size = BLOCK_SIZE
         self.modules_to_not_convert = list(modules_to_not_convert or [])
+        self.activation_bits = int(activation_bits)
         self._vllm_names: list[str] = []
 
     def __repr__(self) -> str:
         return (
             f"TernaryConfig(format_version={self.format_version}, block_size={self.block_size}, "
-            f"modules_to_not_convert={len(self.modules_to_not_convert)} entries)"
+            f"activation_bits={self.activation_bits}, modules_to_not_convert={len(self.modules_to_not_convert)} entries)"
         )
 
     @classmethod
@@ -70,6 +83,7 @@ class TernaryConfig(QuantizationConfig):
             format_version=cls.get_from_keys_or(config, ["format_version"], FORMAT_VERSION),
             block_size=cls.get_from_keys_or(config, ["block_size"], BLOCK_SIZE),
             modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
+            activation_bits=cls.get_from_keys_or(config, ["activation_bits"], 16),
         )
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:

@@ -6,6 +6,10 @@ Parameters (per tensor-parallel rank, K = input_size_per_partition, N = sum(outp
 Because both are vLLM parameter classes, vLLM's own weight_loader_v2 slices them for column,
 row, fused QKV and merged gate/up layers: rows along the output dim, and along K for row-parallel
 layers (K/tp must be a multiple of 128 so that byte and block boundaries fall on rank boundaries).
+
+After loading, the codes are repacked once, in place, into the layout the device's kernels
+read fastest (``ternop.layouts.preferred_layout``: "a16" or "a8" on CUDA, format v1 on CPU);
+a weight reload loads v1 bytes again and is repacked again.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 
 import ternop  # noqa: F401  (registers torch.ops.ternop.linear)
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, PACKED_DTYPE, SCALE_DTYPE, FormatError, validate
+from ternop.layouts import preferred_layout, repack
 from ternop.vllm_plugin._compat import (
     GroupQuantScaleParameter,
     LinearMethodBase,
@@ -105,6 +110,19 @@ class TernaryLinearMethod(LinearMethodBase):
         """
         prefix = getattr(layer, "ternop_prefix", self.prefix)
         validate(layer.weight_packed.data, layer.weight_scale.data, name=prefix)
+        bits = self.quant_config.activation_bits
+        device = layer.weight_packed.device
+        if bits == 8 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+            major, minor = torch.cuda.get_device_capability(device)
+            raise ValueError(
+                f"{prefix}: activation_bits=8 runs on int8 tensor cores, which need sm_80 or newer; "
+                f"this GPU is sm_{major}{minor}. Serve a checkpoint with activation_bits 16 instead."
+            )
+        layout = preferred_layout(bits, device)
+        if layout != "v1":
+            layer.weight_packed.data = repack(layer.weight_packed.data, layout)
+        layer.ternop_layout = layout
+        layer.ternop_activation_bits = bits
         bias = getattr(layer, "bias", None)
         dtype = getattr(layer, "ternop_act_dtype", None)
         if isinstance(bias, torch.Tensor) and dtype is not None and bias.dtype != dtype:
@@ -112,4 +130,6 @@ class TernaryLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.
-        return torch.ops.ternop.linear(x, layer.weight_packed, layer.weight_scale, bias)
+        return torch.ops.ternop.linear(
+            x, layer.weight_packed, layer.weight_scale, bias, layer.ternop_activation_bits, layer.ternop_layout
+        )
