@@ -1,13 +1,20 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed|decode] [--profile]
+        [--repeats 5] [--no-a8]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
-          intermediate 3072, vocab 151936), `convert="embed"`, last-token pooling. The bf16
-          folder is written here and its ternary version made with `ternop quantize`.
-          Throughput for 4096x128, 1024x512 and 8192x16 tokens; p50/p90 of single 16- and
-          128-token queries; weight memory of the loaded model.
+          intermediate 3072, vocab 151936), `convert="embed"`, last-token pooling: bf16, ternary
+          (16-bit activations) and ternary with int8 activations ("activation_bits": 8), all
+          written here with random weights. All models are loaded at once, one process each,
+          and the runs are interleaved: each round runs every workload on every model (the
+          order of the models rotates), with prompts drawn anew for each round, so neither the
+          prefix cache nor a drift of the machine favours one model. Throughput for
+          8192x128, 2048x512 and 32768x16 tokens (runs of seconds, not fractions); p50/p90 of
+          single 16- and 128-token queries, new prompts each time; weight memory of the loaded
+          model. Each figure is the median over the rounds, with min and max; ratios come from
+          the medians, and the per-round ratios give their spread.
 - decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288).
           Greedy decode of 128 tokens at batch 1, 16 and 64; ms per step is
           (t(128 tokens) - t(1 token)) / 127. The bf16 model uses vLLM's dummy loader, the ternary
@@ -32,7 +39,9 @@ EMBED_SHAPE = dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, i
 DECODE_SHAPE = dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936, tie=False)
 TINY_SHAPE = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048, tie=False)
 
-EMBED_WORKLOADS = [(4096, 128), (1024, 512), (8192, 16)]
+EMBED_WORKLOADS = [(8192, 128), (2048, 512), (32768, 16)]
+LATENCY_LENGTHS = (16, 128)
+LATENCY_QUERIES_PER_ROUND = 10
 DECODE_BATCHES = [1, 16, 64]
 TOKENS_IN_VOCAB = 1000  # prompts use token ids 1..999, which the word-level tokenizer knows
 
@@ -90,7 +99,8 @@ def _linear_shapes(shape: dict) -> dict[str, tuple[int, int]]:
     return {f"model.layers.{n}.{k}": v for n in range(shape["layers"]) for k, v in per_layer.items()}
 
 
-def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, dtype_name: str = "bfloat16") -> Path:
+def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, dtype_name: str = "bfloat16",
+                activation_bits: int = 16) -> Path:
     """A random Qwen3 folder: bf16 weights, ternary (format v1, random codes), or config only (dummy load)."""
     import torch
     from safetensors.torch import save_file
@@ -108,6 +118,7 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
             "format_version": FORMAT_VERSION,
             "block_size": BLOCK_SIZE,
             "modules_to_not_convert": ["lm_head"],
+            "activation_bits": activation_bits,
         }
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     if not weights:
@@ -240,42 +251,48 @@ def _profile_top(fn, n: int = 15) -> list[dict]:
     return rows
 
 
-def worker_embed(args) -> dict:
+def worker_embed(args) -> None:
+    """Loads one embedding model, then serves commands from the driver, one JSON line each.
+
+    stdin:  {"op": "embed", "n": N, "length": L, "seed": S} | {"op": "latency", "length": L,
+            "queries": Q, "seed": S} | {"op": "profile", "n": N, "length": L, "seed": S} | {"op": "quit"}
+    stdout: lines "RESULT <json>"; the first reports the settings and weight bytes.
+    """
     from vllm import LLM
 
     tiny = args.tiny
     llm = LLM(model=args.model, runner="pooling", convert="embed", dtype=args.dtype,
-              max_model_len=1024, gpu_memory_utilization=0.3 if tiny else 0.85, seed=0,
+              max_model_len=1024, gpu_memory_utilization=0.3 if tiny else args.gpu_fraction, seed=0,
               **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
-    result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "throughput": {}, "latency": {}}
     llm.embed(_prompts(8, 32, 0), use_tqdm=False)  # warm-up
-    for n, length in EMBED_WORKLOADS:
-        if tiny:
-            n = max(4, n // 256)
-        prompts = _prompts(n, length, n + length)
-        t0 = time.perf_counter()
-        outs = llm.embed(prompts, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        assert len(outs) == n
-        result["throughput"][f"{n}x{length}"] = {"seconds": dt, "tokens_per_s": n * length / dt}
-    for length in (16, 128):
-        p = _prompts(1, length, length)
-        for _ in range(3):
-            llm.embed(p, use_tqdm=False)
-        times = []
-        for _ in range(10 if tiny else 50):
+    llm.embed(_prompts(64 if tiny else 2048, 128, 1), use_tqdm=False)  # warms the eager path (> 512 tokens) too
+
+    def reply(obj):
+        print("RESULT " + json.dumps(obj), flush=True)
+
+    reply({"settings": _settings(llm), "weights": _weight_bytes(llm)})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            break
+        if cmd["op"] == "embed":
+            prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             t0 = time.perf_counter()
-            llm.embed(p, use_tqdm=False)
-            times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        result["latency"][f"{length}_tokens"] = {
-            "p50_ms": statistics.median(times),
-            "p90_ms": times[int(0.9 * (len(times) - 1))],
-        }
-    if args.profile:
-        big = _prompts(4 if tiny else 1024, 128, 7)
-        result["profile_embed_1024x128"] = _profile_top(lambda: llm.embed(big, use_tqdm=False))
-    return result
+            outs = llm.embed(prompts, use_tqdm=False)
+            dt = time.perf_counter() - t0
+            assert len(outs) == cmd["n"]
+            reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt})
+        elif cmd["op"] == "latency":
+            times = []
+            for i in range(cmd["queries"]):
+                p = _prompts(1, cmd["length"], cmd["seed"] * 1000 + i)
+                t0 = time.perf_counter()
+                llm.embed(p, use_tqdm=False)
+                times.append((time.perf_counter() - t0) * 1e3)
+            reply({"ms": times})
+        elif cmd["op"] == "profile":
+            prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
+            reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False))})
 
 
 def worker_decode(args) -> dict:
@@ -332,6 +349,14 @@ def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
     return out
 
 
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def _ratio(a, b):
     return a / b if a and b else None
 
@@ -365,19 +390,24 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes for a CPU smoke run")
     parser.add_argument("--worker-timeout", type=int, default=420)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the embedding workloads")
+    parser.add_argument("--no-a8", action="store_true", help="leave out the int8-activation ternary model")
+    parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    if args.worker == "embed":
+        worker_embed(args)
+        return
     if args.worker:
-        res = (worker_embed if args.worker == "embed" else worker_decode)(args)
-        Path(args.result).write_text(json.dumps(res, indent=2))
+        Path(args.result).write_text(json.dumps(worker_decode(args), indent=2))
         return
 
     work = Path(args.workdir)
-    report: dict = {"tiny": args.tiny, "dtype": args.dtype}
+    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": _git_commit()}
     try:
         import torch
 
@@ -386,25 +416,7 @@ def main() -> None:
     except Exception:
         pass
     if args.only in (None, "embed"):
-        shape = TINY_SHAPE if args.tiny else EMBED_SHAPE
-        t0 = time.perf_counter()
-        dense = write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype)
-        tern = work / "embed-ternary"
-        subprocess.run([sys.executable, "-m", "ternop.cli", "quantize", str(dense), str(tern), "--method", "absmean", "--force"],
-                       check=True)  # fmt: skip
-        report["embed_prepare_s"] = time.perf_counter() - t0
-        res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape)}
-        # Saved after each worker, so a run cut off by a time limit keeps what it measured.
-        for name, folder in (("bf16", dense), ("ternary", tern)):
-            res[name] = _run_worker("embed", folder, args)
-            _save(report, args.out)
-        res["ratios"] = {
-            **_ratios(res, "throughput", "tokens_per_s", "throughput_"),
-            **_ratios(res, "latency", "p50_ms", "latency_p50_"),
-            "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
-                                           res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
-        }
-        _save(report, args.out)
+        run_embed_interleaved(args, work, report)
     if args.only in (None, "decode"):
         shape = TINY_SHAPE if args.tiny else DECODE_SHAPE
         dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=args.dtype)
@@ -421,6 +433,106 @@ def main() -> None:
         }
         _save(report, args.out)
     _print_table(report)
+
+
+class _Worker:
+    """One model's worker process, driven through its stdin and stdout."""
+
+    def __init__(self, name: str, model: Path, args):
+        cmd = [sys.executable, __file__, "--worker", "embed", "--model", str(model), "--dtype", args.dtype,
+               "--gpu-fraction", str(args.gpu_fraction)]  # fmt: skip
+        cmd += ["--tiny"] if args.tiny else []
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        self.name = name
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def result(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        raise RuntimeError(f"worker {self.name} exited with {self.proc.wait()} before answering")
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.result()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def run_embed_interleaved(args, work: Path, report: dict) -> None:
+    """Every model loaded at once; rounds interleave them; see the module docstring."""
+    shape = TINY_SHAPE if args.tiny else EMBED_SHAPE
+    t0 = time.perf_counter()
+    folders = {"bf16": write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype),
+               "ternary": write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)}  # fmt: skip
+    if not args.no_a8:
+        folders["ternary_a8"] = write_model(work / "embed-ternary-a8", shape, ternary=True, dtype_name=args.dtype,
+                                            activation_bits=8)  # fmt: skip
+    res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
+                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "models": {}}  # fmt: skip
+    workers = {name: _Worker(name, folder, args) for name, folder in folders.items()}
+    try:
+        for name, w in workers.items():
+            res["models"][name] = {**w.result(), "throughput": {}, "latency": {}}
+        _save(report, args.out)
+        names = list(workers)
+        runs = {name: {} for name in names}
+        lat = {name: {length: [] for length in LATENCY_LENGTHS} for name in names}
+        for rep in range(args.repeats):
+            order = names[rep % len(names):] + names[: rep % len(names)]
+            for n, length in EMBED_WORKLOADS:
+                if args.tiny:
+                    n = max(4, n // 512)
+                for name in order:
+                    r = workers[name].ask(op="embed", n=n, length=length, seed=1000 * rep + length)
+                    runs[name].setdefault(f"{n}x{length}", []).append(r["tokens_per_s"])
+            for length in LATENCY_LENGTHS:
+                for name in order:
+                    q = 3 if args.tiny else LATENCY_QUERIES_PER_ROUND
+                    lat[name][length] += workers[name].ask(op="latency", length=length, queries=q,
+                                                           seed=100 * rep + length)["ms"]  # fmt: skip
+            for name in names:
+                res["models"][name]["throughput"] = {w: _spread(v) for w, v in runs[name].items()}
+                res["models"][name]["latency"] = {
+                    f"{length}_tokens": {"p50_ms": statistics.median(v), "p90_ms": sorted(v)[int(0.9 * (len(v) - 1))],
+                                         "queries": len(v)}  # fmt: skip
+                    for length, v in lat[name].items() if v
+                }
+            res["rounds_done"] = rep + 1
+            _save(report, args.out)
+        if args.profile:
+            for name in names:
+                res["models"][name]["profile"] = workers[name].ask(op="profile", n=4 if args.tiny else 1024,
+                                                                   length=128, seed=7)["top"]  # fmt: skip
+    finally:
+        for w in workers.values():
+            w.close()
+    base = res["models"]["bf16"]
+    res["ratios"] = {}
+    for name in [n for n in res["models"] if n != "bf16"]:
+        m = res["models"][name]
+        r = {}
+        for w, spread in base["throughput"].items():
+            per_round = [a / b for a, b in zip(m["throughput"][w]["runs"], spread["runs"])]
+            r["throughput_" + w] = {"ratio_of_medians": m["throughput"][w]["median"] / spread["median"],
+                                    "per_round_min": min(per_round), "per_round_max": max(per_round)}  # fmt: skip
+        for key, v in base["latency"].items():
+            r["latency_p50_" + key] = m["latency"][key]["p50_ms"] / v["p50_ms"]
+        r["linear_weight_memory"] = _ratio(m.get("weights", {}).get("linear_bytes"),
+                                           base.get("weights", {}).get("linear_bytes"))  # fmt: skip
+        res["ratios"][name] = r
+    _save(report, args.out)
 
 
 def _save(report: dict, path: str) -> None:
@@ -441,10 +553,20 @@ def _print_table(report: dict) -> None:
 
     emb = report.get("embed", {})
     dec = report.get("decode", {})
-    rows(emb, "throughput", "tokens_per_s", "throughput_", "embed tokens/s ", 0)
-    rows(emb, "latency", "p50_ms", "latency_p50_", "embed p50 ms ", 2)
+    models = emb.get("models", {})
+    for name, ratios in emb.get("ratios", {}).items():
+        for w, spread in models["bf16"]["throughput"].items():
+            r = ratios["throughput_" + w]
+            print(f"{'embed tok/s ' + w + ' ' + name:40s} {spread['median']:12.0f} "
+                  f"{models[name]['throughput'][w]['median']:12.0f} {r['ratio_of_medians']:8.2f} "
+                  f"(rounds {r['per_round_min']:.2f}-{r['per_round_max']:.2f})")
+        for key, v in models["bf16"]["latency"].items():
+            print(f"{'embed p50 ms ' + key + ' ' + name:40s} {v['p50_ms']:12.2f} "
+                  f"{models[name]['latency'][key]['p50_ms']:12.2f} {ratios['latency_p50_' + key]:8.2f}")
+        if ratios.get("linear_weight_memory"):
+            print(f"{'embed linear weight memory ' + name:40s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
     rows(dec, "decode", "ms_per_step", "speedup_per_step_", "decode ms/step ", 2, "x")
-    for name, part in (("embed", emb), ("decode", dec)):
+    for name, part in (("decode", dec),):
         r = part.get("ratios", {}).get("linear_weight_memory") if part else None
         if r:
             print(f"{name + ' linear weight memory ternary/bf16':40s} {'':12s} {'':12s} {r:8.3f}")
