@@ -481,10 +481,13 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                                             activation_bits=8)  # fmt: skip
     res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                              "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "models": {}}  # fmt: skip
-    workers = {name: _Worker(name, folder, args) for name, folder in folders.items()}
+    workers = {}
     try:
-        for name, w in workers.items():
-            res["models"][name] = {**w.result(), "throughput": {}, "latency": {}}
+        # One at a time: vLLM sizes its KV cache from the free memory it profiles at start-up,
+        # which another engine starting beside it would make wrong.
+        for name, folder in folders.items():
+            workers[name] = _Worker(name, folder, args)
+            res["models"][name] = {**workers[name].result(), "throughput": {}, "latency": {}}
         _save(report, args.out)
         names = list(workers)
         runs = {name: {} for name in names}
