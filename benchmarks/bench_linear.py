@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import math
 import statistics
 import sys
@@ -189,6 +190,9 @@ def _report(results: list, complete: bool) -> dict:
 
 
 def _git_commit() -> str:
+    """HEAD of this checkout, or $TERNOP_BENCH_COMMIT where a copy's git metadata is stale or missing."""
+    if os.environ.get("TERNOP_BENCH_COMMIT"):
+        return os.environ["TERNOP_BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
         return out.stdout.strip() or "unknown"

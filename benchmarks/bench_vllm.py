@@ -350,6 +350,9 @@ def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
 
 
 def _git_commit() -> str:
+    """HEAD of this checkout, or $TERNOP_BENCH_COMMIT where a copy's git metadata is stale or missing."""
+    if os.environ.get("TERNOP_BENCH_COMMIT"):
+        return os.environ["TERNOP_BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
         return out.stdout.strip() or "unknown"

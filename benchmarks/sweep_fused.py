@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -70,6 +71,9 @@ def candidates(table: dict, m: int):
 
 
 def git_commit() -> str:
+    """HEAD of this checkout, or $TERNOP_BENCH_COMMIT where a copy's git metadata is stale or missing."""
+    if os.environ.get("TERNOP_BENCH_COMMIT"):
+        return os.environ["TERNOP_BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
