@@ -1,11 +1,16 @@
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import ternop
 from ternop import backends, cpu, layouts
-from tests.reference import linear_a8_fp64, linear_fp64, quantize_rows_np, random_packed, unpack_layout_values
+from tests.reference import (
+    assert_within_2x_of_dense,
+    linear_a8_fp64,
+    quantize_rows_np,
+    random_packed,
+    unpack_layout_values,
+)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -17,11 +22,8 @@ def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 def _check_2x_rule(x, packed, scale, bias=None):
     """Error vs the fp64 oracle is at most 2x that of F.linear on dequantized weights in x's dtype."""
     y = ternop.linear(x, packed, scale, bias)
-    ref = linear_fp64(x, packed, scale, bias)
-    w = ternop.dequantize(packed, scale, x.dtype)
-    baseline = F.linear(x, w, bias)
     assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], packed.shape[0])
-    assert _rel_err(y, ref) <= 2 * _rel_err(baseline, ref) + 1e-6
+    assert_within_2x_of_dense(y, x, packed, scale, bias)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -268,3 +270,21 @@ def test_linear_dispatch_is_cached_per_call_key():
     ternop.linear(torch.randn(4, 128), packed, scale, activation_bits=8)
     keys = list(backends._CHOICE)
     assert len(keys) == 2 and {k[2] for k in keys} == {3, 4}
+
+
+def test_linear_takes_row_strided_x_without_a_copy(monkeypatch):
+    """x whose rows are strided (a slice of a wider tensor) reaches the backend as it is;
+    only a K that is not the unit-stride dimension is copied."""
+    seen = []
+    real = backends.get("cpu")
+    spy = backends.Backend("cpu", "cpu", 100, real.can_implement, lambda call: seen.append(call.x) or real.run(call))
+    monkeypatch.setattr(backends, "_BACKENDS", {"cpu": spy})
+    monkeypatch.setattr(backends, "_ORDER", {})
+    monkeypatch.setattr(backends, "_CHOICE", {})
+    packed, scale = random_packed(16, 256)
+    wide = torch.randn(5, 512)
+    y = ternop.linear(wide[:, 128:384], packed, scale)
+    assert seen[-1].data_ptr() == wide[:, 128:].data_ptr() and seen[-1].stride() == (512, 1)
+    assert torch.equal(y, ternop.linear(wide[:, 128:384].contiguous(), packed, scale))
+    ternop.linear(torch.randn(256, 5).t(), packed, scale)  # K strided: copied
+    assert seen[-1].is_contiguous()
