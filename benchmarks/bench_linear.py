@@ -28,19 +28,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import math
 import statistics
 import sys
 from pathlib import Path
-
-import subprocess
 
 import torch
 import torch.nn.functional as F
 
 import ternop
 from ternop import backends, layouts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stamp import git_commit  # noqa: E402
 
 SHAPES = {
     "0.6B": [(1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024)],
@@ -174,7 +174,7 @@ def run_bench(args, save=None) -> dict:
 def _report(results: list, complete: bool) -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "device": props.name,
         "sm_count": props.multi_processor_count,
         "torch": torch.__version__,
@@ -187,17 +187,6 @@ def _report(results: list, complete: bool) -> dict:
         "complete": complete,
         "results": results,
     }
-
-
-def _git_commit() -> str:
-    """HEAD of this checkout, or $TERNOP_BENCH_COMMIT where a copy's git metadata is stale or missing."""
-    if os.environ.get("TERNOP_BENCH_COMMIT"):
-        return os.environ["TERNOP_BENCH_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def _triton_version():

@@ -35,6 +35,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stamp import git_commit  # noqa: E402
+
 EMBED_SHAPE = dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=151936, tie=True)
 DECODE_SHAPE = dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936, tie=False)
 TINY_SHAPE = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048, tie=False)
@@ -349,17 +352,6 @@ def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
     return out
 
 
-def _git_commit() -> str:
-    """HEAD of this checkout, or $TERNOP_BENCH_COMMIT where a copy's git metadata is stale or missing."""
-    if os.environ.get("TERNOP_BENCH_COMMIT"):
-        return os.environ["TERNOP_BENCH_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def _ratio(a, b):
     return a / b if a and b else None
 
@@ -410,7 +402,7 @@ def main() -> None:
         return
 
     work = Path(args.workdir)
-    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": _git_commit()}
+    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit()}
     try:
         import torch
 

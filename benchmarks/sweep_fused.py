@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ternop  # noqa: E402
+from stamp import git_commit  # noqa: E402
 from bench_linear import DTYPE, SHAPES, copies_for, make_weights, time_graph  # noqa: E402
 from ternop import layouts  # noqa: E402
 from ternop.backends import LinearCall  # noqa: E402
@@ -68,17 +67,6 @@ def candidates(table: dict, m: int):
         if m <= bound:
             return table[bound]
     return table[max(table)]
-
-
-def git_commit() -> str:
-    """HEAD of this checkout, or $TERNOP_BENCH_COMMIT where a copy's git metadata is stale or missing."""
-    if os.environ.get("TERNOP_BENCH_COMMIT"):
-        return os.environ["TERNOP_BENCH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 # --- correctness ------------------------------------------------------------------------------

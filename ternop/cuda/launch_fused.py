@@ -23,16 +23,15 @@ LAYOUT_CODES = {"v1": 0, "a16": 1, "a8": 2}
 _REDUCE_BLOCK = 1024
 
 
-def _split(m: int, n: int, k: int, config: configs.FusedConfig, device: torch.device) -> tuple[int, int]:
+def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch.dtype):
+    """(grid, splits, out [M, N] in dtype, split-K workspace [splits, M, N] fp32 or out)."""
+    m, k = rows.shape
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    sms = configs.sm_count(device) if device.type == "cuda" else 1
-    return tiles, configs.split_k(tiles, k // 128, sms, config.max_split_k)
-
-
-def _outputs(x: torch.Tensor, m: int, n: int, splits: int):
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    return out, ws
+    sms = configs.sm_count(rows.device) if rows.device.type == "cuda" else 1
+    splits = configs.split_k(tiles, k // 128, sms, config.max_split_k)
+    out = torch.empty((m, n), dtype=dtype, device=rows.device)
+    ws = torch.empty((splits, m, n), dtype=torch.float32, device=rows.device) if splits > 1 else out
+    return (tiles, splits), splits, out, ws
 
 
 def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int) -> None:
@@ -47,10 +46,9 @@ def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int) -> None:
 def linear_a16(x, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig) -> torch.Tensor:
     m, k = x.shape
     n = weight_packed.shape[0]
-    tiles, splits = _split(m, n, k, config, x.device)
-    out, ws = _outputs(x, m, n, splits)
+    grid, splits, out, ws = _setup(x, n, config, x.dtype)
     w32 = weight_packed.view(torch.int32)
-    fused_a16_kernel[(tiles, splits)](
+    fused_a16_kernel[grid](
         x, w32, weight_scale, bias if bias is not None else x, out, ws,
         m, n, k,
         x.stride(0), w32.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
@@ -95,11 +93,9 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
     """The A8 product from already quantized rows (q int8 [M, K], qs fp32 [M]); out in ``dtype``."""
     m, k = q.shape
     n = weight_packed.shape[0]
-    tiles, splits = _split(m, n, k, config, q.device)
-    out = torch.empty((m, n), dtype=dtype, device=q.device)
-    ws = torch.empty((splits, m, n), dtype=torch.float32, device=q.device) if splits > 1 else out
+    grid, splits, out, ws = _setup(q, n, config, dtype)
     w32 = weight_packed.view(torch.int32)
-    fused_a8_kernel[(tiles, splits)](
+    fused_a8_kernel[grid](
         q, qs, w32, weight_scale, bias if bias is not None else out, out, ws,
         m, n, k,
         q.stride(0), w32.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),

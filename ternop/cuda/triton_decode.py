@@ -25,71 +25,40 @@ def _plus2(words):
     return (words & 0x55555555) + (-0x55555556) - ((words >> 1) & 0x55555555)
 
 
-@triton.jit
-def _pair_f16(d, sh, s2, OFFSET: tl.constexpr):
-    """fields (j, j + 8) of d (shift sh = 2j) -> fp16 pair ((f_j - OFFSET) * s, (f_{j+8} - OFFSET) * s).
+def _pair_asm(ty: str, magic: int, offset: int) -> tl.constexpr:
+    """PTX for two weights: fields (j, j + 8) of $1 shifted by $3 -> ((f_j - offset) * s, (f_{j+8} - offset) * s).
 
-    OR-ing a field into the mantissa of 1024 (0x6400, ulp 1) gives 1024 + f exactly; one
-    packed subtract leaves f - OFFSET, one packed multiply applies the scale (exact: +-1 * s).
+    OR-ing a field into the mantissa of `magic` (a half whose ulp is 1) gives magic + f exactly;
+    one packed subtract leaves f - offset, one packed multiply by the scale pair $5 applies the
+    scale (exact: +-1 * s).
     """
-    if OFFSET == 2:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, c;
-            shr.u32 t, $1, $3;
-            lop3.b32 t, t, 0x00030003, 0x64006400, 0xea;
-            mov.b32 c, 0x64026402;
-            sub.rn.f16x2 t, t, c;
-            mul.rn.f16x2 $0, t, $5;
-            }""",
-            constraints="=r,r,r,r,r,r", args=[d, sh, s2], dtype=tl.float16, is_pure=True, pack=2)
-    else:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, c;
-            shr.u32 t, $1, $3;
-            lop3.b32 t, t, 0x00030003, 0x64006400, 0xea;
-            mov.b32 c, 0x64016401;
-            sub.rn.f16x2 t, t, c;
-            mul.rn.f16x2 $0, t, $5;
-            }""",
-            constraints="=r,r,r,r,r,r", args=[d, sh, s2], dtype=tl.float16, is_pure=True, pack=2)
+    pair, bias = magic * 0x10001, (magic + offset) * 0x10001
+    return tl.constexpr(
+        "{ .reg .b32 t, c; shr.u32 t, $1, $3; "
+        f"lop3.b32 t, t, 0x00030003, {pair:#010x}, 0xea; mov.b32 c, {bias:#010x}; "
+        f"sub.rn.{ty}x2 t, t, c; mul.rn.{ty}x2 $0, t, $5; }}"
+    )
 
 
-@triton.jit
-def _pair_bf16(d, sh, s2, OFFSET: tl.constexpr):
-    """As ``_pair_f16`` for bf16: the mantissa of 128 (0x4300) has ulp 1."""
-    if OFFSET == 2:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, c;
-            shr.u32 t, $1, $3;
-            lop3.b32 t, t, 0x00030003, 0x43004300, 0xea;
-            mov.b32 c, 0x43024302;
-            sub.rn.bf16x2 t, t, c;
-            mul.rn.bf16x2 $0, t, $5;
-            }""",
-            constraints="=r,r,r,r,r,r", args=[d, sh, s2], dtype=tl.bfloat16, is_pure=True, pack=2)
-    else:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, c;
-            shr.u32 t, $1, $3;
-            lop3.b32 t, t, 0x00030003, 0x43004300, 0xea;
-            mov.b32 c, 0x43014301;
-            sub.rn.bf16x2 t, t, c;
-            mul.rn.bf16x2 $0, t, $5;
-            }""",
-            constraints="=r,r,r,r,r,r", args=[d, sh, s2], dtype=tl.bfloat16, is_pure=True, pack=2)
+# 2^10 (fp16) and 2^7 (bf16) have ulp 1. v1 fields hold v + 2 (after _plus2), a16 fields v + 1.
+_F16_V1 = _pair_asm("f16", 0x6400, 2)
+_F16_A16 = _pair_asm("f16", 0x6400, 1)
+_BF16_V1 = _pair_asm("bf16", 0x4300, 2)
+_BF16_A16 = _pair_asm("bf16", 0x4300, 1)
 
 
 @triton.jit
 def _pair(d, j: tl.constexpr, s2, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """d: the word twice per element pair; s2: the scale pair -> the pair (j, j + 8) of weights times s."""
     sh = tl.full(d.shape, 2 * j, tl.int32)
     if DTYPE == tl.float16:
-        return _pair_f16(d, sh, s2, OFFSET)
+        return tl.inline_asm_elementwise(
+            asm=_F16_V1 if OFFSET == 2 else _F16_A16, constraints="=r,r,r,r,r,r", args=[d, sh, s2],
+            dtype=tl.float16, is_pure=True, pack=2)
     else:
-        return _pair_bf16(d, sh, s2, OFFSET)
+        return tl.inline_asm_elementwise(
+            asm=_BF16_V1 if OFFSET == 2 else _BF16_A16, constraints="=r,r,r,r,r,r", args=[d, sh, s2],
+            dtype=tl.bfloat16, is_pure=True, pack=2)
 
 
 @triton.jit

@@ -28,8 +28,9 @@ from ternop.cuda.triton_decode import decode_a8, decode_a16
 
 
 @triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped order: programs that run together share weight tiles in L2."""
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of this program in grouped order: programs that run together share
+    weight tiles in L2."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -40,6 +41,27 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _operands(a_ptr, w_ptr, s_ptr, M, N, stride_am, stride_wn, stride_sn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile and the pointers to its first K block: activations [BLOCK_M, 128],
+    words [BLOCK_N, 8], scales [BLOCK_N]. Program (tile, s) of a split-K launch starts at block s.
+
+    Rows past M and N read row 0 instead of masking, so the loads pipeline unconditionally;
+    their results are never stored.
+    """
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_a = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    kb0 = tl.program_id(1)
+    a_ptrs = a_ptr + rows_a[:, None] * stride_am + kb0 * 128 + tl.arange(0, 128)[None, :]
+    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + kb0 * 8 + tl.arange(0, 8)[None, :]
+    s_ptrs = s_ptr + rows_w * stride_sn + kb0
+    return offs_m, offs_n, rows_a, a_ptrs, w_ptrs, s_ptrs
 
 
 @triton.jit
@@ -79,18 +101,10 @@ def fused_a16_kernel(
     out^T = W @ x^T, so that weight rows fill the MMA's 64-row dimension and a handful of
     tokens can use the 8..256-wide one.
     """
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Rows past M and N read row 0 instead of masking, so the loads pipeline unconditionally;
-    # their results are never stored.
-    rows_x = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    offs_m, offs_n, _, x_ptrs, w_ptrs, s_ptrs = _operands(
+        x_ptr, w_ptr, s_ptr, M, N, stride_xm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, GROUP_M)
     kb0 = tl.program_id(1)
-    x_ptrs = x_ptr + rows_x[:, None] * stride_xm + kb0 * 128 + tl.arange(0, 128)[None, :]
-    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + kb0 * 8 + tl.arange(0, 8)[None, :]
-    s_ptrs = s_ptr + rows_w * stride_sn + kb0
     if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -135,15 +149,9 @@ def fused_a8_kernel(
     block scales per step (tokens as the MMA's M would need a scale per accumulator
     column, loaded anew every step), and M down to 8 still fits an MMA.
     """
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_x = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    offs_m, offs_n, rows_x, q_ptrs, w_ptrs, s_ptrs = _operands(
+        q_ptr, w_ptr, s_ptr, M, N, stride_qm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, GROUP_M)
     kb0 = tl.program_id(1)
-    q_ptrs = q_ptr + rows_x[:, None] * stride_qm + kb0 * 128 + tl.arange(0, 128)[None, :]
-    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + kb0 * 8 + tl.arange(0, 8)[None, :]
-    s_ptrs = s_ptr + rows_w * stride_sn + kb0
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for _ in range(kb0, K // 128, SPLIT_K):
         words = tl.load(w_ptrs)

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ternop.cuda.triton_decode import values_plain
+from ternop.cuda.triton_fused import grouped_tile
 
 # 2^23 as fp32 bits: OR-ing an integer i < 2^23 into the mantissa gives the float 2^23 + i.
 _MAGIC = tl.constexpr(0x4B000000)
@@ -123,16 +124,7 @@ def ternary_gemm_kernel(
 
     x [M, K] fp16/bf16/fp32; w int32 [N, K/16]; s fp16 [N, K/128]; out [M, N] in x's dtype.
     """
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: programs that run together share weight tiles in L2.
-    per_group = GROUP_M * num_n
-    group = pid // per_group
-    first_m = group * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

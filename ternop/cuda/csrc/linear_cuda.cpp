@@ -92,40 +92,43 @@ void check_x(const char* op, const at::Tensor& x, int max_m, bool fp32) {
 
 cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
-at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                       const std::optional<at::Tensor>& bias) {
-  const char* op = "ternop.linear_cuda";
-  check_x(op, x, ternop::ternary_gemv_max_m(), true);
+// The shared body of the fp16/bf16/fp32-x ops: checks, output allocation, launch(dtype code,
+// bias pointer, out, M, N, K) on the current stream, error check.
+template <typename Launch>
+at::Tensor run_on_x(const char* op, const at::Tensor& x, const at::Tensor& weight_packed,
+                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, int max_m, bool fp32,
+                    Launch&& launch) {
+  check_x(op, x, max_m, fp32);
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t N = check_weights(op, weight_packed, weight_scale, K);
   at::Tensor keep;
   const void* b = bias_pointer(op, bias, x.scalar_type(), N, keep);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({M, N}, x.options());
-  const cudaError_t err = ternop::launch_ternary_gemv(
-      x.data_ptr(), dtype_code(x.scalar_type()), weight_packed.data_ptr<uint8_t>(),
-      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
-      static_cast<int>(N), static_cast<int>(K), stream_of(x));
+  const cudaError_t err = launch(dtype_code(x.scalar_type()), b, out.data_ptr(), static_cast<int>(M),
+                                 static_cast<int>(N), static_cast<int>(K));
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
 
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                       const std::optional<at::Tensor>& bias) {
+  return run_on_x("ternop.linear_cuda", x, weight_packed, weight_scale, bias, ternop::ternary_gemv_max_m(), true,
+                  [&](int code, const void* b, void* out, int M, int N, int K) {
+                    return ternop::launch_ternary_gemv(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
+                                                       reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
+                                                       out, M, N, K, stream_of(x));
+                  });
+}
+
 at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
                            const std::optional<at::Tensor>& bias, bool a16) {
-  const char* op = "ternop.linear_cuda_mma";
-  check_x(op, x, ternop::ternary_mma_max_m(), false);
-  const int64_t M = x.size(0), K = x.size(1);
-  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
-  at::Tensor keep;
-  const void* b = bias_pointer(op, bias, x.scalar_type(), N, keep);
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty({M, N}, x.options());
-  const cudaError_t err = ternop::launch_ternary_mma(
-      x.data_ptr(), dtype_code(x.scalar_type()), weight_packed.data_ptr<uint8_t>(),
-      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
-      static_cast<int>(N), static_cast<int>(K), a16, stream_of(x));
-  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-  return out;
+  return run_on_x("ternop.linear_cuda_mma", x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(), false,
+                  [&](int code, const void* b, void* out, int M, int N, int K) {
+                    return ternop::launch_ternary_mma(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
+                                                      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
+                                                      out, M, N, K, a16, stream_of(x));
+                  });
 }
 
 at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
