@@ -37,7 +37,7 @@ def test_linear_numerics_2d(dtype, m):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_numerics_3d_bias_noncontiguous(dtype):
     packed, scale = random_packed(64, 256)
-    bias = torch.randn(64).to(dtype)
+    bias = torch.randn(128).to(dtype)[::2]  # a strided bias must be read by its stride
     x3 = torch.randn(2, 5, 256).to(dtype)
     _check_2x_rule(x3, packed, scale, bias)
     x_nc = torch.randn(512, 7).to(dtype).t()[:, ::2]  # [7, 256], strides (1, 14)
@@ -288,3 +288,22 @@ def test_linear_takes_row_strided_x_without_a_copy(monkeypatch):
     assert torch.equal(y, ternop.linear(wide[:, 128:384].contiguous(), packed, scale))
     ternop.linear(torch.randn(256, 5).t(), packed, scale)  # K strided: copied
     assert seen[-1].is_contiguous()
+
+
+def test_cuda_op_schemas_and_fake_kernels_exist_without_a_gpu():
+    """The C++ kernels' ops are defined in Python with fake kernels, so they trace (and fail
+    clearly) whether or not the extension was built."""
+    from ternop.cuda import cpp_ops
+
+    meta = dict(device="meta")
+    w = torch.empty(64, 64, dtype=torch.uint8, **meta)
+    s = torch.empty(64, 2, dtype=torch.float16, **meta)
+    y = torch.ops.ternop.linear_cuda_mma(torch.empty(3, 256, dtype=torch.bfloat16, **meta), w, s, None, True)
+    assert y.shape == (3, 64) and y.dtype == torch.bfloat16
+    q = torch.empty(5, 256, dtype=torch.int8, **meta)
+    y = torch.ops.ternop.linear_cuda_mma_a8(q, torch.empty(5, **meta), w, s, None, torch.float16)
+    assert y.shape == (5, 64) and y.dtype == torch.float16
+    with pytest.raises(RuntimeError, match="does not hold K=128"):
+        torch.ops.ternop.linear_cuda(torch.empty(3, 128, **meta), w, s)
+    if not torch.cuda.is_available():
+        assert not any(cpp_ops.has_kernel(op) for op in cpp_ops.OPS)
