@@ -20,6 +20,7 @@ import sys
 
 COMMANDS = {
     "quantize": ("ternop.cli.quantize", "quantize an HF model folder into a ternary v1 checkpoint"),
+    "convert": ("ternop.cli.convert", "convert a ternary checkpoint (HF BitNet, GGUF TQ1_0/TQ2_0) to v1, exactly"),
     "validate": ("ternop.cli.validate", "check a ternary checkpoint: codes, device load, TP shards"),
     "eval": ("ternop.cli.evaluate", "compare a ternary model's quality and memory against its base"),
     "serve": ("ternop.cli.serve", "serve a ternary checkpoint with vLLM's OpenAI-compatible server"),
