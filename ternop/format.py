@@ -19,6 +19,11 @@ Scales
 
 Dequantization
     W[n, k] = value(c[n, k]) * scale[n, k // 128]. K must be a multiple of 128.
+
+Activations
+    ``quantization_config.activation_bits`` says how a checkpoint's ternary layers treat
+    their input x: 16 (the default; x is used as given) or 8 (x is quantized per token to
+    int8 and products accumulate in int32 per 128-block; ternop/activations.py is the spec).
 """
 
 from __future__ import annotations
@@ -37,9 +42,22 @@ CODE_RESERVED = 0b11
 PACKED_DTYPE = torch.uint8
 SCALE_DTYPE = torch.float16
 
+ACTIVATION_BITS = (16, 8)
+DEFAULT_ACTIVATION_BITS = 16
+
 
 class FormatError(ValueError):
     """A tensor does not follow format v1. The message names the tensor and the rule."""
+
+
+def check_activation_bits(value, where: str = "quantization_config") -> int:
+    """``value`` as an int if it is a valid ``activation_bits`` (16 or 8); else FormatError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in ACTIVATION_BITS:
+        raise FormatError(
+            f"{where}: activation_bits {value!r} is not supported; it must be 16 (activations as given, "
+            "the default) or 8 (int8 activations per token, see ternop/activations.py)"
+        )
+    return int(value)
 
 
 def _require(cond: bool, msg: str) -> None:

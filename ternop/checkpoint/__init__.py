@@ -22,6 +22,7 @@ from ternop.checkpoint.writer import (
     atomic_folder,
     check_destination,
     check_not_quantized,
+    quant_config,
     stream_checkpoint,
     write_checkpoint,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "load_config",
     "load_ternary_layers",
     "model_folder",
+    "quant_config",
     "read_quant_config",
     "safetensors_files",
     "stream_checkpoint",

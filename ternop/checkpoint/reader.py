@@ -16,7 +16,15 @@ from pathlib import Path
 import torch
 
 from ternop.checkpoint.safetensors_io import TensorInfo, read_header
-from ternop.format import BLOCK_SIZE, FORMAT_VERSION, check_shapes, dequantize
+from ternop.format import (
+    BLOCK_SIZE,
+    DEFAULT_ACTIVATION_BITS,
+    FORMAT_VERSION,
+    FormatError,
+    check_activation_bits,
+    check_shapes,
+    dequantize,
+)
 
 QUANT_METHOD = "ternary"
 PACKED_SUFFIX = ".weight_packed"
@@ -63,7 +71,7 @@ def read_quant_config(path: str | os.PathLike) -> dict | None:
     """The checkpoint's ``quantization_config`` with defaults filled in, or None if it has none.
 
     Raises CheckpointError for a missing folder, a quant_method other than "ternary" or an
-    unsupported format_version / block_size.
+    unsupported format_version / block_size / activation_bits (16 when absent).
     """
     qc = load_config(path).get("quantization_config")
     if qc is None:
@@ -76,6 +84,11 @@ def read_quant_config(path: str | os.PathLike) -> dict | None:
         "block_size": int(qc.get("block_size", BLOCK_SIZE)),
         "modules_to_not_convert": list(qc.get("modules_to_not_convert") or []),
     }
+    try:
+        out["activation_bits"] = check_activation_bits(qc.get("activation_bits", DEFAULT_ACTIVATION_BITS),
+                                                       f"{path}: quantization_config")
+    except FormatError as e:
+        raise CheckpointError(str(e)) from None
     if out["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format_version {out['format_version']} is not supported (expected 1)")
     if out["block_size"] != BLOCK_SIZE:

@@ -33,7 +33,17 @@ from ternop.checkpoint.reader import (
     tensor_index,
 )
 from ternop.checkpoint.safetensors_io import read_header, write_safetensors
-from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, FORMAT_VERSION, PACKED_DTYPE, SCALE_DTYPE, check_shapes
+from ternop.format import (
+    BLOCK_SIZE,
+    CODES_PER_BYTE,
+    DEFAULT_ACTIVATION_BITS,
+    FORMAT_VERSION,
+    PACKED_DTYPE,
+    SCALE_DTYPE,
+    FormatError,
+    check_activation_bits,
+    check_shapes,
+)
 
 Decide = Callable[[str, tuple[int, ...], torch.dtype], bool]
 MakePair = Callable[[str, Callable[[], torch.Tensor]], "tuple[torch.Tensor, torch.Tensor]"]
@@ -114,13 +124,18 @@ def _copy_others(src: Path, tmp: Path, quant_config: dict, renamed: Mapping[str,
             shutil.copy2(item, dst)
 
 
-def quant_config(modules_to_not_convert: Iterable[str]) -> dict:
-    """The ``quantization_config`` of a v1 checkpoint."""
+def quant_config(modules_to_not_convert: Iterable[str], activation_bits: int = DEFAULT_ACTIVATION_BITS) -> dict:
+    """The ``quantization_config`` of a v1 checkpoint; CheckpointError for an unknown ``activation_bits``."""
+    try:
+        bits = check_activation_bits(activation_bits, "the checkpoint to write")
+    except FormatError as e:
+        raise CheckpointError(str(e)) from None
     return {
         "quant_method": QUANT_METHOD,
         "format_version": FORMAT_VERSION,
         "block_size": BLOCK_SIZE,
         "modules_to_not_convert": sorted(set(modules_to_not_convert)),
+        "activation_bits": bits,
     }
 
 
@@ -134,18 +149,21 @@ def stream_checkpoint(
     overrides: Mapping[str, torch.Tensor] | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    activation_bits: int = DEFAULT_ACTIVATION_BITS,
 ) -> list[str]:
     """Writes a v1 checkpoint at ``dst`` from the HF folder ``src``; returns the quantized prefixes.
 
     ``decide(name, shape, dtype)`` says whether the tensor ``name`` (any ``.weight``) becomes
     ternary; ``make_pair(prefix, load_weight)`` returns its (packed, scale). Any other tensor
     is taken from ``overrides`` if there, else copied. ``modules_to_not_convert`` (or a
-    function returning it, called once every tensor has been decided) goes into config.json.
+    function returning it, called once every tensor has been decided) goes into config.json,
+    with ``activation_bits`` (16: activations as given; 8: int8 per token).
     """
     from safetensors import safe_open
     from tqdm import tqdm
 
     src, dst, overrides = Path(src), Path(dst), dict(overrides or {})
+    quant_config([], activation_bits)  # an unknown activation_bits fails before anything is read
     files = safetensors_files(src)
     check_destination(src, dst, overwrite)
     plans, quantized, renamed, seen = [], [], {}, set()
@@ -172,7 +190,7 @@ def stream_checkpoint(
         raise CheckpointError(f"overrides name tensors that are not in the source: {unknown[:5]}")
     dense = modules_to_not_convert() if callable(modules_to_not_convert) else modules_to_not_convert
     with atomic_folder(dst) as tmp:
-        _copy_others(src, tmp, quant_config(dense), renamed)
+        _copy_others(src, tmp, quant_config(dense, activation_bits), renamed)
         bar = tqdm(total=len(quantized), unit="layer", desc="quantize", file=sys.stderr, disable=not progress)
         for file, plan, metadata in plans:
             with safe_open(str(file), framework="pt") as f:
@@ -207,14 +225,17 @@ def write_checkpoint(
     overrides: Mapping[str, torch.Tensor] | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    activation_bits: int = DEFAULT_ACTIVATION_BITS,
 ) -> None:
     """Writes a v1 checkpoint at ``dst_dir`` from the HF folder ``src_dir`` and ready-made ternary layers.
 
     ``quantized`` maps a checkpoint prefix (``encoder.layer.0.attention.self.query``) to its
     (weight_packed uint8 [N, K/4], weight_scale float16 [N, K/128]); its ``<prefix>.weight``
     is replaced. Any other tensor is taken from ``overrides`` if present there, else copied.
-    ``modules_to_not_convert`` lists the linear layers left dense (docs/FORMAT.md).
+    ``modules_to_not_convert`` lists the linear layers left dense (docs/FORMAT.md);
+    ``activation_bits`` (16 or 8) is the mode the layers run in.
     """
+    quant_config([], activation_bits)
     check_not_quantized(src_dir)
     index = tensor_index(src_dir)
     missing = sorted(p for p in quantized if p + ".weight" not in index)
@@ -231,4 +252,4 @@ def write_checkpoint(
 
     stream_checkpoint(src_dir, dst_dir, decide=decide, make_pair=lambda prefix, _load: quantized[prefix],
                       modules_to_not_convert=modules_to_not_convert, overrides=overrides, overwrite=overwrite,
-                      progress=progress)  # fmt: skip
+                      progress=progress, activation_bits=activation_bits)  # fmt: skip

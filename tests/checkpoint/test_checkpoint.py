@@ -88,6 +88,7 @@ def test_read_quant_config_defaults_and_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "ternary"}}))
     assert ckpt.read_quant_config(tmp_path) == {
         "quant_method": "ternary", "format_version": 1, "block_size": 128, "modules_to_not_convert": [],
+        "activation_bits": 16,
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "ternary",
                                                                               "block_size": 64}}))  # fmt: skip
@@ -95,6 +96,30 @@ def test_read_quant_config_defaults_and_errors(tmp_path):
         ckpt.read_quant_config(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     assert ckpt.read_quant_config(tmp_path) is None
+
+
+@pytest.mark.parametrize("bits, ok", [(16, True), (8, True), (4, False), (32, False), ("8", False), (None, False),
+                                      (True, False), (8.0, False)])  # fmt: skip
+def test_read_quant_config_activation_bits(tmp_path, bits, ok):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "ternary",
+                                                                              "activation_bits": bits}}))  # fmt: skip
+    if ok:
+        assert ckpt.read_quant_config(tmp_path)["activation_bits"] == bits
+    else:
+        with pytest.raises(ckpt.CheckpointError, match=r"quantization_config: activation_bits .* must be 16 .* or 8"):
+            ckpt.read_quant_config(tmp_path)
+
+
+def test_write_checkpoint_records_activation_bits_and_refuses_unknown_ones_before_writing(bert_dir, tmp_path):
+    layers = {"encoder.layer.0.output.dense": quantize_weight(load_file(str(bert_dir / "model.safetensors"))[
+        "encoder.layer.0.output.dense.weight"])}  # fmt: skip
+    ckpt.write_checkpoint(bert_dir, tmp_path / "a8", layers, modules_to_not_convert=[], progress=False,
+                          activation_bits=8)  # fmt: skip
+    assert json.loads((tmp_path / "a8" / "config.json").read_text())["quantization_config"]["activation_bits"] == 8
+    with pytest.raises(ckpt.CheckpointError, match="activation_bits 12 is not supported"):
+        ckpt.write_checkpoint(bert_dir, tmp_path / "bad", layers, modules_to_not_convert=[], progress=False,
+                              activation_bits=12)  # fmt: skip
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad.partial-*"))
 
 
 def test_codes_and_scales_may_sit_in_different_files_and_scales_may_be_zero_or_negative(bert_dir, tmp_path):
