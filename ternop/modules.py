@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, SCALE_DTYPE, dequantize, packed_bytes
+from ternop.format import (
+    BLOCK_SIZE,
+    CODES_PER_BYTE,
+    DEFAULT_ACTIVATION_BITS,
+    SCALE_DTYPE,
+    check_activation_bits,
+    dequantize,
+    packed_bytes,
+)
 from ternop.ops import ternary_linear
 from ternop.quantize import quantize_weight
 from ternop.selection import QuantizeReport, select_linears
@@ -19,16 +27,22 @@ class TernaryLinear(nn.Module):
     Buffers: ``weight_packed`` uint8 [out, in/4], ``weight_scale`` float16 [out, in/128],
     ``bias`` [out] or None. Inference-only.
 
+    ``activation_bits`` is how the layer treats its input: 16 (as given, the default) or 8
+    (quantized per token to int8, int32 per 128-block; ternop/activations.py is the spec).
+    A checkpoint's ``quantization_config.activation_bits`` sets it when ``ternop.hf`` loads one.
+
     ``module.to(dtype)`` / ``.half()`` move the bias to that dtype once, like a dense layer's;
     ``weight_scale`` stays float16 (the format's dtype) and only changes device.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 activation_bits: int = DEFAULT_ACTIVATION_BITS):  # fmt: skip
         super().__init__()
         if in_features % BLOCK_SIZE != 0:
             raise ValueError(f"in_features={in_features} must be a multiple of {BLOCK_SIZE}")
         self.in_features = in_features
         self.out_features = out_features
+        self.activation_bits = check_activation_bits(activation_bits, "TernaryLinear")
         self.register_buffer(
             "weight_packed",
             torch.zeros((out_features, in_features // CODES_PER_BYTE), dtype=torch.uint8, device=device),
@@ -43,7 +57,8 @@ class TernaryLinear(nn.Module):
             self.bias = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, method: str = "optimal") -> "TernaryLinear":
+    def from_linear(cls, linear: nn.Linear, method: str = "optimal",
+                    activation_bits: int = DEFAULT_ACTIVATION_BITS) -> "TernaryLinear":  # fmt: skip
         """Quantizes an nn.Linear (its bias is kept in its dtype)."""
         w = linear.weight.detach()
         layer = cls(
@@ -52,6 +67,7 @@ class TernaryLinear(nn.Module):
             bias=linear.bias is not None,
             device=w.device,
             dtype=w.dtype,
+            activation_bits=activation_bits,
         )
         packed, scale = quantize_weight(w, method)
         layer.weight_packed.copy_(packed)
@@ -79,27 +95,30 @@ class TernaryLinear(nn.Module):
         if bias is not None and bias.dtype != x.dtype:
             # Only when the caller mixes dtypes; a model moved with .to(dtype) already holds it in x's dtype.
             bias = bias.to(x.dtype)
-        return ternary_linear(x, self.weight_packed, self.weight_scale, bias)
+        return ternary_linear(x, self.weight_packed, self.weight_scale, bias, self.activation_bits)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize(self.weight_packed, self.weight_scale, dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"activation_bits={self.activation_bits}")  # fmt: skip
 
 
 @torch.no_grad()
-def quantize_module(model: nn.Module, skip=(), method: str = "optimal") -> QuantizeReport:
+def quantize_module(model: nn.Module, skip=(), method: str = "optimal",
+                    activation_bits: int = DEFAULT_ACTIVATION_BITS) -> QuantizeReport:  # fmt: skip
     """Replaces, in place, each nn.Linear chosen by ``ternop.selection`` with a TernaryLinear.
 
-    A skip pattern that matches no linear layer raises ValueError before anything changes.
+    The new layers run with ``activation_bits`` (16 or 8). A skip pattern that matches no linear layer raises ValueError before anything changes.
     """
+    check_activation_bits(activation_bits, "quantize_module")
     targets, dense = select_linears(model, skip)
     report = QuantizeReport(skipped=dense)
     for name, module in targets.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, TernaryLinear.from_linear(module, method))
+        setattr(parent, child, TernaryLinear.from_linear(module, method, activation_bits))
         report.quantized.append(name)
         report.dense_bytes += module.weight.numel() * module.weight.element_size()
         report.ternary_bytes += packed_bytes(module.out_features, module.in_features)

@@ -36,6 +36,39 @@ def test_from_linear_matches_dequantized_dense():
     assert list(layer.parameters()) == []
 
 
+def test_ternary_linear_activation_bits_8_runs_the_w2a8_arithmetic():
+    from tests.reference import linear_a8_fp64
+
+    torch.manual_seed(3)
+    linear = nn.Linear(384, 37)
+    a16 = TernaryLinear.from_linear(linear)
+    a8 = TernaryLinear.from_linear(linear, activation_bits=8)
+    assert (a16.activation_bits, a8.activation_bits) == (16, 8) and "activation_bits=8" in repr(a8)
+    x = torch.randn(2, 5, 384)
+    want = linear_a8_fp64(x, a8.weight_packed, a8.weight_scale, a8.bias)
+    got = a8(x)
+    assert got.shape == (2, 5, 37)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got, ternop.linear(x, a8.weight_packed, a8.weight_scale, a8.bias, activation_bits=8))
+    assert not torch.allclose(got, a16(x), rtol=0, atol=1e-6)  # the mode is used, not ignored
+    assert set(dict(a8.named_buffers())) == {"weight_packed", "weight_scale", "bias"}  # the state dict is the format's
+
+
+@pytest.mark.parametrize("bits", [4, 32, "8", True, 8.0])
+def test_ternary_linear_rejects_unknown_activation_bits(bits):
+    with pytest.raises(ValueError, match="activation_bits"):
+        TernaryLinear(128, 8, activation_bits=bits)
+    with pytest.raises(ValueError, match="activation_bits"):
+        quantize_module(Tiny(), activation_bits=bits)
+
+
+def test_quantize_module_activation_bits_reaches_every_layer():
+    model = Tiny()
+    quantize_module(model, activation_bits=8)
+    layers = [m for m in model.modules() if isinstance(m, TernaryLinear)]
+    assert len(layers) == 4 and all(m.activation_bits == 8 for m in layers)
+
+
 def test_from_linear_bf16_bias_follows_input_dtype():
     linear = nn.Linear(128, 32).to(torch.bfloat16)
     layer = TernaryLinear.from_linear(linear)

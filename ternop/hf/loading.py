@@ -58,8 +58,9 @@ def build_layout(path: str | os.PathLike, *, causal: bool | None = None, dtype: 
     config = AutoConfig.from_pretrained(str(path))
     with torch.device("meta"):
         model = _auto(path, causal).from_config(config, dtype=dtype)
-    if read_quant_config(path) is not None:
-        replace_linears(model, ternary_modules(model, safetensors_files(path)), dtype)
+    qc = read_quant_config(path)
+    if qc is not None:
+        replace_linears(model, ternary_modules(model, safetensors_files(path)), dtype, qc["activation_bits"])
     return model.eval()
 
 

@@ -4,7 +4,8 @@ Registered through transformers' public ``register_quantization_config`` / ``reg
 so ``AutoModel.from_pretrained(ternary_dir)`` (and ``SentenceTransformer(ternary_dir)``, which
 calls it) builds the model with :class:`ternop.TernaryLinear` in place of each ternary layer
 and loads ``weight_packed`` / ``weight_scale`` / ``bias`` into it. The layers replaced are
-exactly those whose ``<prefix>.weight_packed`` is in the checkpoint's safetensors headers.
+exactly those whose ``<prefix>.weight_packed`` is in the checkpoint's safetensors headers; they
+run with the checkpoint's ``activation_bits`` (16 or 8), which ``save_pretrained`` writes back.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ternop.checkpoint import PACKED_SUFFIX, QUANT_METHOD
 from ternop.checkpoint.safetensors_io import read_header
-from ternop.format import BLOCK_SIZE, FORMAT_VERSION, dequantize
+from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, check_activation_bits, dequantize
 from ternop.hf.names import match_names
 from ternop.modules import TernaryLinear
 
 
 class TernaryHfConfig(QuantizationConfigMixin):
-    """``{"quant_method": "ternary", "format_version": 1, "block_size": 128, "modules_to_not_convert": [...]}``."""
+    """``{"quant_method": "ternary", "format_version": 1, "block_size": 128, "modules_to_not_convert": [...],
+    "activation_bits": 16}``; an ``activation_bits`` other than 16 or 8 is an error that names the field."""
 
     def __init__(self, format_version: int = FORMAT_VERSION, block_size: int = BLOCK_SIZE,
-                 modules_to_not_convert: list[str] | None = None, **kwargs):  # fmt: skip
+                 modules_to_not_convert: list[str] | None = None, activation_bits: int = DEFAULT_ACTIVATION_BITS,
+                 **kwargs):  # fmt: skip
         if int(format_version) != FORMAT_VERSION:
             raise ValueError(f"ternary quantization_config: format_version {format_version} is not supported (expected 1)")
         if int(block_size) != BLOCK_SIZE:
@@ -37,22 +40,26 @@ class TernaryHfConfig(QuantizationConfigMixin):
         self.format_version = FORMAT_VERSION
         self.block_size = BLOCK_SIZE
         self.modules_to_not_convert = list(modules_to_not_convert or [])
+        self.activation_bits = check_activation_bits(activation_bits, "ternary quantization_config")
         self.extra = {k: v for k, v in kwargs.items() if k != "quant_method"}  # kept, so save_pretrained keeps them
 
     def to_dict(self) -> dict:
         return {"quant_method": QUANT_METHOD, "format_version": self.format_version, "block_size": self.block_size,
-                "modules_to_not_convert": list(self.modules_to_not_convert), **self.extra}  # fmt: skip
+                "modules_to_not_convert": list(self.modules_to_not_convert), "activation_bits": self.activation_bits,
+                **self.extra}  # fmt: skip
 
 
-def replace_linears(model: nn.Module, module_names: Iterable[str], dtype: torch.dtype | None = None) -> None:
-    """Replaces each named ``nn.Linear`` of ``model`` by an empty TernaryLinear on the same device."""
+def replace_linears(model: nn.Module, module_names: Iterable[str], dtype: torch.dtype | None = None,
+                    activation_bits: int = DEFAULT_ACTIVATION_BITS) -> None:  # fmt: skip
+    """Replaces each named ``nn.Linear`` of ``model`` by an empty TernaryLinear on the same device,
+    running with ``activation_bits``."""
     for name in module_names:
         old = model.get_submodule(name)
         if not isinstance(old, nn.Linear):
             raise ValueError(f"ternary layer {name} is a {type(old).__name__} in the model, not an nn.Linear")
         device = old.weight.device
         layer = TernaryLinear(old.in_features, old.out_features, bias=old.bias is not None, device=device,
-                              dtype=dtype or old.weight.dtype)  # fmt: skip
+                              dtype=dtype or old.weight.dtype, activation_bits=activation_bits)  # fmt: skip
         model.set_submodule(name, layer)
 
 
@@ -82,7 +89,8 @@ class TernaryHfQuantizer(HfQuantizer):
             checkpoint_files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
         if not checkpoint_files:
             raise ValueError("ternary checkpoints load from a local folder of *.safetensors files; none were found")
-        replace_linears(model, ternary_modules(model, checkpoint_files), dtype)
+        bits = getattr(self.quantization_config, "activation_bits", DEFAULT_ACTIVATION_BITS)
+        replace_linears(model, ternary_modules(model, checkpoint_files), dtype, bits)
         return model
 
     def _dequantize(self, model, dtype=None):

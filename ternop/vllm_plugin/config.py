@@ -6,11 +6,8 @@ from typing import Any
 
 import torch
 
-from ternop.format import BLOCK_SIZE, FORMAT_VERSION
+from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, check_activation_bits
 from ternop.vllm_plugin._compat import LinearBase, QuantizationConfig, UnquantizedLinearMethod, rename_mapper
-
-
-ACTIVATION_BITS = (16, 8)
 
 
 class TernaryConfig(QuantizationConfig):
@@ -29,14 +26,10 @@ class TernaryConfig(QuantizationConfig):
         format_version: int = FORMAT_VERSION,
         block_size: int = BLOCK_SIZE,
         modules_to_not_convert: list[str] | None = None,
-        activation_bits: int = 16,
+        activation_bits: int = DEFAULT_ACTIVATION_BITS,
     ):
         super().__init__()
-        if activation_bits not in ACTIVATION_BITS or isinstance(activation_bits, bool):
-            raise ValueError(
-                f"ternary quantization_config: activation_bits {activation_bits!r} is not supported "
-                "(16: activations as given; 8: int8 per token)"
-            )
+        activation_bits = check_activation_bits(activation_bits, "ternary quantization_config")
         if int(format_version) != FORMAT_VERSION:
             raise ValueError(
                 f"ternary quantization_config: format_version {format_version} is not supported "
@@ -49,7 +42,7 @@ class TernaryConfig(QuantizationConfig):
         self.format_version = FORMAT_VERSION
         self.block_size = BLOCK_SIZE
         self.modules_to_not_convert = list(modules_to_not_convert or [])
-        self.activation_bits = int(activation_bits)
+        self.activation_bits = activation_bits
         self._vllm_names: list[str] = []
 
     def __repr__(self) -> str:
@@ -83,7 +76,7 @@ class TernaryConfig(QuantizationConfig):
             format_version=cls.get_from_keys_or(config, ["format_version"], FORMAT_VERSION),
             block_size=cls.get_from_keys_or(config, ["block_size"], BLOCK_SIZE),
             modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
-            activation_bits=cls.get_from_keys_or(config, ["activation_bits"], 16),
+            activation_bits=cls.get_from_keys_or(config, ["activation_bits"], DEFAULT_ACTIVATION_BITS),
         )
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:

@@ -113,6 +113,52 @@ def test_hf_save_pretrained_writes_a_v1_checkpoint(ternary_minilm, tmp_path):
     assert again.keys() == first.keys() and all(torch.equal(again[k][0], first[k][0]) for k in first)
 
 
+@pytest.fixture(scope="module")
+def bert_a8(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bert-a8")
+    quantize_checkpoint(tiny_bert(root / "fp"), root / "a8", progress=False, activation_bits=8)
+    return root / "a8"
+
+
+def test_hf_a8_checkpoint_builds_a8_layers_and_save_pretrained_keeps_the_mode(bert_a8, tmp_path):
+    model = ternop.hf.load_model(bert_a8)
+    layers = _ternary_layers(model)
+    assert len(layers) == 12 and all(m.activation_bits == 8 for m in layers.values())
+    assert model.config.quantization_config.activation_bits == 8
+    ids = torch.randint(5, 40, (2, 9))
+    with torch.no_grad():
+        got = model(input_ids=ids).last_hidden_state
+        a16 = ternop.hf.load_model(bert_a8)
+        for m in _ternary_layers(a16).values():
+            m.activation_bits = 16
+        want16 = a16(input_ids=ids).last_hidden_state
+        for m in _ternary_layers(a16).values():
+            m.activation_bits = 8
+        want8 = a16(input_ids=ids).last_hidden_state
+    assert torch.equal(got, want8) and not torch.equal(got, want16)
+    model.save_pretrained(str(tmp_path / "again"))
+    assert read_quant_config(tmp_path / "again")["activation_bits"] == 8
+    assert read_quant_config(tmp_path / "again") == read_quant_config(bert_a8)
+    assert all(m.activation_bits == 8 for m in _ternary_layers(ternop.hf.build_layout(tmp_path / "again")).values())
+
+
+@pytest.mark.parametrize("bits", [4, "int8"])
+def test_hf_unknown_activation_bits_is_refused_naming_the_field(bert_a8, tmp_path, bits):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(bert_a8, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"]["activation_bits"] = bits
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"activation_bits {bits!r} is not supported"):
+        ternop.hf.load_model(bad)
+    from transformers import AutoModel
+
+    with pytest.raises(ValueError, match=f"activation_bits {bits!r} is not supported"):
+        AutoModel.from_pretrained(str(bad))
+
+
 def test_hf_checkpoint_for_another_architecture_names_the_layer(tmp_path):
     src = tiny_bert(tmp_path / "fp")
     dst = tmp_path / "ternary"

@@ -43,6 +43,11 @@ def test_config_defaults_and_errors():
         TernaryConfig.from_config({"quant_method": "ternary", "format_version": 2})
     with pytest.raises(ValueError, match="block_size 64"):
         TernaryConfig.from_config({"quant_method": "ternary", "block_size": 64})
+    assert cfg.activation_bits == 16
+    assert TernaryConfig.from_config({"quant_method": "ternary", "activation_bits": 8}).activation_bits == 8
+    for bits in (4, 8.0, "8", True):
+        with pytest.raises(ValueError, match=f"quantization_config: activation_bits {bits!r} is not supported"):
+            TernaryConfig.from_config({"quant_method": "ternary", "activation_bits": bits})
 
 
 def test_skip_list_matches_fused_and_prefixed_names():
@@ -79,11 +84,12 @@ def test_create_weights_rejects_k_per_rank_not_multiple_of_128():
         L.RowParallelLinear(384, 256, bias=False, quant_config=cfg, prefix="model.layers.3.self_attn.o_proj")
 
 
-def _loaded_column(params_dtype: torch.dtype, bias: bool = True):
+def _loaded_column(params_dtype: torch.dtype, bias: bool = True, activation_bits: int = 16):
     from ternop.quantize import quantize_weight
 
+    cfg = TernaryConfig(activation_bits=activation_bits)
     with simulated_rank(0, 1):
-        layer = L.ColumnParallelLinear(256, 384, bias=bias, quant_config=TernaryConfig(), prefix="layers.0.fc",
+        layer = L.ColumnParallelLinear(256, 384, bias=bias, quant_config=cfg, prefix="layers.0.fc",
                                        params_dtype=params_dtype, return_bias=False)  # fmt: skip
     packed, scale = quantize_weight(torch.randn(384, 256), "optimal")
     layer.weight_packed.weight_loader(layer.weight_packed, packed)
@@ -134,3 +140,13 @@ def test_reload_after_load_keeps_vllm_parameters_and_loaders():
     layer.quant_method.process_weights_after_loading(layer)
     x = torch.randn(3, 256)
     torch.testing.assert_close(layer(x), x @ dequantize(packed, scale).T, rtol=1e-5, atol=1e-5)
+
+
+def test_apply_runs_the_checkpoints_activation_bits():
+    from tests.reference import linear_a8_fp64
+
+    layer, packed, scale = _loaded_column(torch.float32, activation_bits=8)
+    assert layer.ternop_activation_bits == 8
+    x = torch.randn(5, 256) * 4
+    want = linear_a8_fp64(x, packed, scale, layer.bias)
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
