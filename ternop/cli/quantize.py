@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ternop.cli.modes import ACTIVATIONS, bits_of, describe
 from ternop.quant.convert import METHODS, quantize_checkpoint
 
 
@@ -17,14 +18,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep modules whose name matches PATTERN (glob, anywhere in the name) dense; "
                              "repeat --skip for more patterns")
     parser.add_argument("--calib", metavar="FILE", default=None, help="calibration text, for --method calibrated")
+    parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
+                        help="the mode the checkpoint runs in, written as quantization_config.activation_bits: "
+                             "fp (16, activations as given) or int8 (8, int8 per token); the weights are the same")
     parser.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
     report = quantize_checkpoint(args.src, args.dst, method=args.method, skip=args.skip, progress=not args.quiet,
-                                 calib=args.calib, overwrite=args.force)  # fmt: skip
+                                 calib=args.calib, overwrite=args.force,
+                                 activation_bits=bits_of(args.activations))  # fmt: skip
     print(f"{report.summary()} -> {report.dst}")
+    print(f"  activation_bits {report.activation_bits}: {describe(report.activation_bits)}")
     for name, why in report.skipped.items():
         print(f"  dense: {name} ({why})")
     return 0

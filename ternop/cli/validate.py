@@ -2,7 +2,8 @@
 
 Prints exactly three lines and exits 1 if any says FAIL (2 for a folder that does not exist):
 
-    CPU_UNPACK: OK|FAIL <reason>          codes legal, shapes right, an independent decoding agrees
+    CPU_UNPACK: OK|FAIL <reason>          config readable (its activation_bits is named), codes legal,
+                                          shapes right, an independent decoding agrees
     GPU_LOAD: OK|SKIPPED|FAIL <reason>    bytes copied to the CUDA device equal the bytes on disk
     TP_SHARD: OK|SKIPPED|FAIL <reason>    each rank's shard (through vLLM's loaders) equals a slice
                                           of the full matrix, for every fused layer
@@ -44,8 +45,9 @@ def _independent_dense(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
 
 
 def check_cpu_unpack(path) -> str:
-    """Raises on the first problem; returns a short summary."""
+    """Raises on the first problem; returns a short summary that names the activation mode."""
     from ternop.checkpoint import CheckpointError, load_ternary_layers, read_quant_config
+    from ternop.cli.modes import describe
     from ternop.format import codes_to_values, dequantize, unpack_codes, validate
 
     qc = read_quant_config(path)
@@ -65,7 +67,8 @@ def check_cpu_unpack(path) -> str:
         if not torch.equal(dequantize(packed, scale), _independent_dense(packed, scale)):
             raise CheckpointError(f"{prefix}: dequantized weight differs from value x block scale")
         n_weights += packed.numel() * 4
-    return f"{len(layers)} layers, {n_weights:,} weights"
+    bits = qc["activation_bits"]
+    return f"{len(layers)} layers, {n_weights:,} weights; activation_bits {bits}: {describe(bits)}"
 
 
 def check_gpu_load(path) -> str | None:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from ternop.checkpoint import CheckpointError, check_destination, check_not_quantized, stream_checkpoint, tensor_index
+from ternop.checkpoint import CheckpointError, check_destination, check_not_quantized, quant_config, stream_checkpoint
+from ternop.checkpoint import tensor_index
 from ternop.checkpoint.safetensors_io import element_size
-from ternop.format import BLOCK_SIZE, packed_bytes
+from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, packed_bytes
 from ternop.quantize import quantize_weight
 from ternop.selection import DEFAULT_SKIP, QuantizeReport, check_skip_patterns, in_transformer_block, matches_any
 from ternop.selection import should_quantize
@@ -76,6 +77,7 @@ class CheckpointReport(QuantizeReport):
 
     dst: str = ""
     method: str = ""
+    activation_bits: int = DEFAULT_ACTIVATION_BITS
 
 
 def is_linear_weight(name: str, shape: tuple[int, ...]) -> bool:
@@ -121,18 +123,22 @@ def quantize_checkpoint(
     *,
     calib: str | None = None,
     overwrite: bool = False,
+    activation_bits: int = DEFAULT_ACTIVATION_BITS,
 ) -> CheckpointReport:
     """Quantizes the HF folder ``src`` into a v1 checkpoint at ``dst``, tensor by tensor.
 
     ``quantizer(prefix, weight [N, K]) -> (packed, scale)`` replaces the ``method`` if given.
-    ``modules_to_not_convert`` lists the linear layers left dense. Every check (source,
-    destination, skip patterns, shapes) runs before any model is loaded or byte written.
+    ``modules_to_not_convert`` lists the linear layers left dense. ``activation_bits`` is the
+    mode the checkpoint runs in: 16 (activations as given) or 8 (int8 per token, W2A8); the
+    weights are the same either way. Every check (activation_bits, source, destination, skip
+    patterns, shapes) runs before any model is loaded or byte written.
     """
+    quant_config([], activation_bits)  # CheckpointError naming activation_bits
     src_p, skip = Path(src), tuple(skip)
     check_not_quantized(src_p)
     check_destination(src_p, dst, overwrite)
     report = plan_quantization(src_p, skip)
-    report.dst, report.method = str(dst), method
+    report.dst, report.method, report.activation_bits = str(dst), method, activation_bits
     if quantizer is None:
         if method not in METHODS:
             raise CheckpointError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
@@ -140,5 +146,6 @@ def quantize_checkpoint(
     chosen = set(report.quantized)
     stream_checkpoint(src_p, dst, decide=lambda name, shape, dtype: name[: -len(".weight")] in chosen,
                       make_pair=lambda prefix, load: quantizer(prefix, load()),
-                      modules_to_not_convert=list(report.skipped), overwrite=overwrite, progress=progress)  # fmt: skip
+                      modules_to_not_convert=list(report.skipped), overwrite=overwrite, progress=progress,
+                      activation_bits=activation_bits)  # fmt: skip
     return report

@@ -81,6 +81,29 @@ def test_validate_reports_reserved_code_naming_layer(ternary_qwen3, tmp_path, ca
     assert "reserved code" in lines[0]
 
 
+def test_validate_names_the_activation_mode(ternary_qwen3, tmp_path):
+    assert "activation_bits 16: activations as given" in validate.check_cpu_unpack(ternary_qwen3)
+    a8 = tmp_path / "a8"
+    quantize_checkpoint(tiny_qwen3(tmp_path / "fp"), a8, method="absmean", progress=False, activation_bits=8)
+    assert validate.check_cpu_unpack(a8).endswith("; activation_bits 8: int8 activations per token (W2A8)")
+
+
+@pytest.mark.parametrize("bits", [4, 16.5, "8"])
+def test_validate_refuses_unknown_activation_bits_naming_the_field(ternary_qwen3, tmp_path, bits):
+    import json
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ternary_qwen3, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"]["activation_bits"] = bits
+    (bad / "config.json").write_text(json.dumps(config))
+    proc = _cli(bad)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 1 and len(lines) == 3, proc.stdout + proc.stderr
+    assert lines[0].startswith("CPU_UNPACK: FAIL") and f"quantization_config: activation_bits {bits!r}" in lines[0]
+    assert lines[1:] == ["GPU_LOAD: SKIPPED (CPU_UNPACK failed)", "TP_SHARD: SKIPPED (CPU_UNPACK failed)"]
+
+
 def test_validate_rejects_non_ternary_folder(tmp_path):
     src = tiny_bert(tmp_path / "fp")
     lines, ok = validate.run(src)
@@ -108,7 +131,7 @@ def test_cpu_unpack_catches_a_wrong_dequantize(ternary_qwen3, monkeypatch):
         values = fmt.codes_to_values(fmt.unpack_codes(packed), dtype)
         return values * scale.to(dtype).repeat(1, 128)
 
-    assert validate.check_cpu_unpack(ternary_qwen3).endswith("weights")
+    assert "weights; activation_bits 16" in validate.check_cpu_unpack(ternary_qwen3)
     monkeypatch.setattr(fmt, "dequantize", wrong)
     with pytest.raises(Exception, match="dequantized weight differs"):
         validate.check_cpu_unpack(ternary_qwen3)

@@ -50,6 +50,32 @@ def test_quantize_checkpoint_bert_layout(bert_dir, tmp_path):
     assert ckpt.read_quant_config(dst) == qc
 
 
+def test_quantize_checkpoint_activation_bits_8_writes_the_mode_and_the_same_weights(bert_dir, tmp_path):
+    convert.quantize_checkpoint(bert_dir, tmp_path / "a16", progress=False)
+    report = convert.quantize_checkpoint(bert_dir, tmp_path / "a8", progress=False, activation_bits=8)
+    assert report.activation_bits == 8
+    assert ckpt.read_quant_config(tmp_path / "a16")["activation_bits"] == 16  # written explicitly, the default
+    assert ckpt.read_quant_config(tmp_path / "a8")["activation_bits"] == 8
+    assert (tmp_path / "a8" / "model.safetensors").read_bytes() == (tmp_path / "a16" / "model.safetensors").read_bytes()
+
+
+def test_quantize_checkpoint_refuses_unknown_activation_bits_before_reading(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="activation_bits 4 is not supported.*16.*8"):
+        convert.quantize_checkpoint(tmp_path / "does-not-exist", tmp_path / "dst", progress=False, activation_bits=4)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_quantize_cli_activations_int8(bert_dir, tmp_path, capsys):
+    from ternop.cli import main
+
+    assert main(["quantize", str(bert_dir), str(tmp_path / "a8"), "--activations", "int8", "--quiet"]) == 0
+    assert "activation_bits 8: int8 activations per token" in capsys.readouterr().out
+    assert ckpt.read_quant_config(tmp_path / "a8")["activation_bits"] == 8
+    with pytest.raises(SystemExit):
+        main(["quantize", str(bert_dir), str(tmp_path / "x"), "--activations", "int4", "--quiet"])
+    assert "--activations: invalid choice: 'int4'" in capsys.readouterr().err
+
+
 def test_quantize_checkpoint_skip_and_absmean(qwen3_dir, tmp_path):
     dst = tmp_path / "q"
     report = convert.quantize_checkpoint(qwen3_dir, dst, method="absmean", skip=["mlp"], progress=False)
