@@ -72,11 +72,12 @@ def is_bitnet_layer(name: str) -> bool:
 
 
 def tiny_bitnet(dst: str | os.PathLike, form: str = "bitlinear", *, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                tie: bool = False, **shape) -> Path:  # fmt: skip
+                tie: bool = False, pow2_scales: bool = False, **shape) -> Path:  # fmt: skip
     """A random BitNetForCausalLM saved in ``form`` (one of BITNET_QUANT) with its tokenizer.
 
     The packed forms hold the ternarization of the same master weights:
     ``bitlinear``: weight_scale = s = 1 / mean|w| (it divides); ``autobitlinear``: weight_scale = 1 / s.
+    ``pow2_scales`` rounds each weight_scale to a power of two, whose reciprocal every float type holds.
     """
     from safetensors.torch import save_file
     from transformers import BitNetForCausalLM
@@ -104,6 +105,8 @@ def tiny_bitnet(dst: str | os.PathLike, form: str = "bitlinear", *, dtype: torch
         values = (wf * s).round().clamp(-1, 1).to(torch.int8)
         out[name] = pack_weights(values.clone())
         scale = s if form == "bitlinear" else 1.0 / s
+        if pow2_scales:
+            scale = torch.exp2(torch.round(torch.log2(scale)))
         out[name[: -len(".weight")] + ".weight_scale"] = scale.reshape(1).to(dtype)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

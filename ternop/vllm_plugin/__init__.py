@@ -1,24 +1,34 @@
-"""ternop's vLLM plugin: registers the ``ternary`` quantization method.
+"""ternop's vLLM plugin: registers the ``ternary`` quantization method and the BitNet model.
 
 vLLM finds :func:`register` through the ``vllm.general_plugins`` entry point and calls it in
 every process it starts (front end, engine core, workers), so it is idempotent and cheap:
-it imports the config module and registers the class once.
+it imports the config module and registers the class once, and names the models in
+:data:`MODELS` to vLLM's model registry by import path (their modules load only when used).
 """
 
 from __future__ import annotations
 
 _registered = False
 
+MODELS = {"BitNetForCausalLM": "ternop.vllm_plugin.bitnet:BitNetForCausalLM"}
+"""Architectures (config.json ``architectures``) the plugin adds to vLLM, when vLLM has none of that name."""
+
 
 def register() -> None:
-    """Registers ``quant_method: "ternary"`` with vLLM. Safe to call any number of times."""
+    """Registers ``quant_method: "ternary"`` and :data:`MODELS` with vLLM. Safe to call any number of times."""
     global _registered
     if _registered:
         return
+    from vllm import ModelRegistry
+
     from ternop.vllm_plugin import _compat
     from ternop.vllm_plugin.config import TernaryConfig
 
     _compat.register_quantization_config("ternary", TernaryConfig)
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch, target in MODELS.items():
+        if arch not in supported:
+            ModelRegistry.register_model(arch, target)
     _registered = True
 
 
@@ -37,4 +47,4 @@ def linear_methods(model) -> dict[str, int]:
     return counts
 
 
-__all__ = ["linear_methods", "register"]
+__all__ = ["MODELS", "linear_methods", "register"]

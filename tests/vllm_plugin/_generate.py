@@ -1,0 +1,95 @@
+"""Helpers for the generation tests: greedy tokens and per-position log-probabilities, from vLLM and from transformers."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from ternop.vllm_plugin import linear_methods
+
+MAX_TOKENS = 8
+
+
+def prompt_ids(path: str | Path) -> list[list[int]]:
+    """The test prompts as token ids, BOS first (the same ids go to vLLM and to transformers)."""
+    from transformers import AutoTokenizer
+
+    from tests.models import PROMPTS
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return [[tok.bos_token_id, *tok(p, add_special_tokens=False)["input_ids"]] for p in PROMPTS]
+
+
+def with_activation_bits(path: str | Path, dst: str | Path, bits: int) -> Path:
+    """A copy of the checkpoint ``path`` whose quantization_config says ``activation_bits: bits``."""
+    dst = Path(dst)
+    shutil.copytree(path, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"]["activation_bits"] = bits
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+def vllm_generate(path, prompts, *, eager: bool, logprobs: bool = False, **kwargs):
+    """vLLM in fp32: (greedy tokens per prompt, per-worker layer methods, and with ``logprobs`` a list per
+    prompt of [len(prompt) - 1, vocab] log-probabilities of each next prompt token's position)."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+    llm = LLM(model=str(path), dtype="float32", max_model_len=128, enforce_eager=eager, seed=0,
+              max_logprobs=vocab if logprobs else 20, **kwargs)  # fmt: skip
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                prompt_logprobs=vocab if logprobs else None)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        methods = llm.apply_model(linear_methods)
+    finally:
+        del llm
+        gc.collect()
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    if not logprobs:
+        return tokens, methods, None
+    tables = []
+    for o in outs:
+        rows = o.prompt_logprobs[1:]  # position 0 has none
+        table = torch.full((len(rows), vocab), float("nan"), dtype=torch.float64)
+        for i, row in enumerate(rows):
+            for token, lp in row.items():
+                table[i, token] = lp.logprob
+        tables.append(table)
+    return tokens, methods, tables
+
+
+@torch.no_grad()
+def hf_generate(model, prompts) -> list[list[int]]:
+    """transformers' greedy choice, MAX_TOKENS steps per prompt, EOS not special (as vLLM's ignore_eos)."""
+    out = []
+    with torch.compiler.set_stance("force_eager"):
+        for p in prompts:
+            ids = list(p)
+            for _ in range(MAX_TOKENS):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            out.append(ids[len(p):])
+    return out
+
+
+@torch.no_grad()
+def hf_logprobs(model, prompts) -> list[torch.Tensor]:
+    """log-softmax of transformers' logits at each prompt position but the last: [len(p) - 1, vocab] float64."""
+    with torch.compiler.set_stance("force_eager"):
+        return [torch.log_softmax(model(torch.tensor([p])).logits[0, :-1].to(torch.float64), dim=-1) for p in prompts]
+
+
+def assert_2x_rule(got: list[torch.Tensor], oracle: list[torch.Tensor], same_dtype: list[torch.Tensor],
+                   eps: float = 1e-6) -> None:  # fmt: skip
+    """The 2x rule on log-probabilities: max error of ``got`` against the fp64 ``oracle`` is at most twice that
+    of transformers in the same dtype (``same_dtype``), plus ``eps``."""
+    err = max(float((g - o).abs().max()) for g, o in zip(got, oracle))
+    ref = max(float((s - o).abs().max()) for s, o in zip(same_dtype, oracle))
+    assert all(not bool(g.isnan().any()) for g in got), "vLLM returned fewer log-probabilities than the vocabulary"
+    assert err <= 2 * ref + eps, f"vLLM log-prob error {err:.3g} > 2 x transformers' fp32 error {ref:.3g} + {eps:g}"
