@@ -9,6 +9,14 @@ Embedding models (the default path) are run through vLLM, or through transformer
 Causal LMs (``*ForCausalLM``) get wiki perplexity and the rate at which the ternary model's
 top next token equals the base's, through transformers.
 
+``--activations`` picks the mode the ternary weights run in: the checkpoint's own
+``activation_bits`` (the default), ``fp`` (16), ``int8`` (8), or ``both``. With ``both`` the same
+weights run twice: ``models.ternary`` is A16 and ``models.ternary_a8`` is A8, and the report adds
+the cosine between the A8 and the A16 embedding of each text (``a8_vs_a16_mean_cosine``) and the
+MRR the A8 run loses (``a8_wiki_mrr_drop``); every A8 value is also in the summary as ``a8_<name>``,
+so gates can read them. A mode other than the checkpoint's runs on a copy of its folder whose
+config.json says that mode (the weights are linked, not copied).
+
 ``--gate`` makes the exit code 1 when a metric is outside its threshold (:data:`DEFAULT_GATES`;
 override with ``--min NAME=X`` / ``--max NAME=X`` or a JSON file ``{"min": {...}, "max": {...}}``).
 The defaults catch a broken checkpoint (wrong codes, scales or layer mapping): a broken one
@@ -32,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ternop.cli.memory import disk_bytes, vllm_weight_memory, weight_memory
+from ternop.cli.modes import ACTIVATION_CHOICES, activation_runs, activation_view, label, role_prefix
 
 DEFAULT_GATES = {
     "embedding": {
@@ -101,37 +110,47 @@ def _vllm_worker(job_path: str, out_path: str) -> int:
 # ----------------------------------------------------------------------------------------
 
 
-def embedding_report(base, quant, backend: str, dtype: str, eager: bool, log_path) -> dict:
+def embedding_report(base, quant, backend: str, dtype: str, eager: bool, log_path,
+                     runs: list[tuple[str, int | None]] = (("ternary", None),)) -> dict:  # fmt: skip
+    """Embeds the evaluation texts with the base model and each ternary run ``(role, activation_bits)``."""
     from ternop.cli import evaldata
 
     lee_docs, _ = evaldata.lee50()
     queries, docs = evaldata.wiki_retrieval()
     texts = lee_docs + queries + docs
     n_lee, n_q = len(lee_docs), len(queries)
-    models, memory = {}, {}
-    for role, path in (("base", base), ("ternary", quant)):
+    models, memory, emb = {}, {}, {}
+    for role, path, bits in [("base", base, None), *((role, quant, bits) for role, bits in runs)]:
         t0 = time.monotonic()
-        _say(f"embedding {len(texts)} texts with the {role} model through {backend} ...")
-        if backend == "vllm":
-            emb, mem = embed_vllm(path, texts, dtype, eager, log_path)
-        else:
-            emb, mem = embed_hf_model(path, texts, getattr(torch, dtype))
+        mode = "" if bits is None else f" (activation_bits {bits})"
+        _say(f"embedding {len(texts)} texts with the {role} model{mode} through {backend} ...")
+        with activation_view(path, bits) as folder:
+            if backend == "vllm":
+                emb[role], mem = embed_vllm(folder, texts, dtype, eager, log_path)
+            else:
+                emb[role], mem = embed_hf_model(folder, texts, getattr(torch, dtype))
         _say(f"  done in {time.monotonic() - t0:.1f} s")
-        retrieval = evaldata.retrieval_metrics(emb[n_lee : n_lee + n_q], emb[n_lee + n_q :])
-        models[role] = {
-            "lee50_spearman": evaldata.lee50_spearman(emb[:n_lee]),
-            **{f"wiki_{k}": v for k, v in retrieval.items()},
-            "_emb": emb,
-        }
-        memory[role] = mem
-    cos = (models["base"].pop("_emb") * models["ternary"].pop("_emb")).sum(-1)
-    agreement = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "n_texts": len(texts)}
+        retrieval = evaldata.retrieval_metrics(emb[role][n_lee : n_lee + n_q], emb[role][n_lee + n_q :])
+        models[role] = {"lee50_spearman": evaldata.lee50_spearman(emb[role][:n_lee]),
+                        **{f"wiki_{k}": v for k, v in retrieval.items()}}  # fmt: skip
+        memory.setdefault("ternary" if role.startswith("ternary") else role, mem)
+    agreement = {"n_texts": len(texts)}
+    for role, _ in runs:
+        agreement.update(_cosines(role_prefix(role), emb[role], emb["base"]))
+        if role != "ternary":
+            agreement.update(_cosines(f"{role_prefix(role)}vs_a16_", emb[role], emb["ternary"]))
     return {"kind": "embedding", "models": models, "agreement": agreement, "memory": memory}
 
 
+def _cosines(prefix: str, a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    cos = (a * b).sum(-1)
+    return {f"{prefix}mean_cosine": float(cos.mean()), f"{prefix}min_cosine": float(cos.min())}
+
+
 @torch.no_grad()
-def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
-    """Perplexity on the wiki sample for both models, and the same-top-token rate, through transformers."""
+def causal_report(base, quant, dtype: str, max_tokens: int,
+                  runs: list[tuple[str, int | None]] = (("ternary", None),)) -> dict:  # fmt: skip
+    """Perplexity on the wiki sample for the base and each ternary run, and the same-top-token rate."""
     from ternop.cli.evaldata import perplexity_texts
     from ternop.hf import load_model, load_tokenizer
 
@@ -145,9 +164,11 @@ def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
         batches.append(ids[:, :budget])
         budget -= batches[-1].shape[1]
     models, memory, top = {}, {}, {}
-    for role, path in (("base", base), ("ternary", quant)):
-        _say(f"scoring {sum(b.shape[1] for b in batches)} tokens with the {role} model through transformers ...")
-        model = load_model(path, causal=True, dtype=getattr(torch, dtype))
+    for role, path, bits in [("base", base, None), *((role, quant, bits) for role, bits in runs)]:
+        mode = "" if bits is None else f" (activation_bits {bits})"
+        _say(f"scoring {sum(b.shape[1] for b in batches)} tokens with the {role} model{mode} through transformers ...")
+        with activation_view(path, bits) as folder:
+            model = load_model(folder, causal=True, dtype=getattr(torch, dtype))
         nll, count, tops = 0.0, 0, []
         for ids in batches:
             logits = model(input_ids=ids).logits[0, :-1].float()
@@ -155,13 +176,16 @@ def causal_report(base, quant, dtype: str, max_tokens: int) -> dict:
             count += ids.shape[1] - 1
             tops.append(logits.argmax(-1))
         models[role] = {"perplexity": math.exp(nll / count), "tokens": count}
-        memory[role] = {}
+        memory.setdefault("ternary" if role.startswith("ternary") else role, {})
         top[role] = torch.cat(tops)
         del model
-    agreement = {
-        "top1_agreement": float((top["base"] == top["ternary"]).float().mean()),
-        "ppl_ratio": models["ternary"]["perplexity"] / models["base"]["perplexity"],
-    }
+    agreement = {}
+    for role, _ in runs:
+        p = role_prefix(role)
+        agreement[f"{p}top1_agreement"] = float((top["base"] == top[role]).float().mean())
+        agreement[f"{p}ppl_ratio"] = models[role]["perplexity"] / models["base"]["perplexity"]
+        if role != "ternary":
+            agreement[f"{p}vs_a16_top1_agreement"] = float((top["ternary"] == top[role]).float().mean())
     return {"kind": "causal", "models": models, "agreement": agreement, "memory": memory}
 
 
@@ -196,9 +220,14 @@ _MEMORY_ROWS = {
 
 
 def summary(report: dict) -> dict[str, float]:
-    """The flat metrics the gate reads (ternary model's values)."""
+    """The flat metrics the gate reads: the ternary model's values, and ``a8_<name>`` for an A8 run beside it."""
     out = dict(report["agreement"])
     out.update(report["models"]["ternary"])
+    if "ternary_a8" in report["models"]:
+        a8 = report["models"]["ternary_a8"]
+        out.update({f"a8_{k}": v for k, v in a8.items()})
+        if "wiki_mrr" in a8:
+            out["a8_wiki_mrr_drop"] = report["models"]["ternary"]["wiki_mrr"] - a8["wiki_mrr"]
     ratios = report["memory"]["ratios"]
     out["linear_weight_ratio"] = ratios.get("mem_linear", float("nan"))
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
@@ -223,25 +252,30 @@ def check_gates(values: dict[str, float], gates: dict) -> list[str]:
 
 
 def format_table(report: dict) -> str:
-    rows = [("metric", "base", "ternary")]
-    base, tern = report["models"]["base"], report["models"]["ternary"]
+    roles = [r for r in report["models"] if r != "base"]  # "ternary", then "ternary_a8" with --activations both
+    bits = [report.get("activation_bits", {}).get(r, 16) for r in roles]
+    heads = ["ternary"] if bits == [16] else [f"ternary {label(b)}" for b in bits]
+    models, ag = report["models"], report["agreement"]
+    rows = [("metric", "base", *heads)]
     labels = {"lee50_spearman": "Lee-50 Spearman", "wiki_r1": "wiki R@1", "wiki_r10": "wiki R@10",
               "wiki_mrr": "wiki MRR", "perplexity": "wiki perplexity", "tokens": "tokens scored"}
-    for key, label in labels.items():
-        if key in base:
-            rows.append((label, _fmt(base[key]), _fmt(tern[key])))
-    ag = report["agreement"]
-    if report["kind"] == "embedding":
-        rows.append(("cosine to base, mean", "1", _fmt(ag["mean_cosine"])))
-        rows.append(("cosine to base, min", "1", _fmt(ag["min_cosine"])))
-    else:
-        rows.append(("same top token as base", "1", _fmt(ag["top1_agreement"])))
+    for key, text in labels.items():
+        if key in models["base"]:
+            rows.append((text, *(_fmt(models[r][key]) for r in ["base", *roles])))
+    pairs = {"embedding": [(f"cosine to base, {s}", f"{s}_cosine") for s in ("mean", "min")],
+             "causal": [("same top token as base", "top1_agreement")]}[report["kind"]]  # fmt: skip
+    for text, key in pairs:
+        rows.append((text, "1", *(_fmt(ag[role_prefix(r) + key]) for r in roles)))
+    for r in roles[1:]:  # the A8 run against the A16 run of the same weights
+        for text, key in pairs:
+            rows.append((text.replace("base", "A16"), "-", "1", f"{ag[f'{role_prefix(r)}vs_a16_{key}']:.4f}"))
     mem = report["memory"]
-    for key, label in _MEMORY_ROWS.items():
+    for key, text in _MEMORY_ROWS.items():
         b, t = mem["base"].get(key), mem["ternary"].get(key)
         if b and t:
-            rows.append((label, _mb(b), f"{_mb(t)}  ({mem['ratios'][key]:.2f}x smaller)"))
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
+            same = ["same weights"] * (len(roles) - 1)
+            rows.append((text, _mb(b), f"{_mb(t)}  ({mem['ratios'][key]:.2f}x smaller)", *same))
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, width)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in width))
     gate = report.get("gate")
@@ -299,6 +333,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm",
                         help="embedding models: run through vLLM or transformers; causal LMs always use hf")
     parser.add_argument("--dtype", default="float32", help="activation dtype for both models (float32, bfloat16, ...)")
+    parser.add_argument("--activations", choices=ACTIVATION_CHOICES, default="checkpoint",
+                        help="the mode the ternary weights run in: the checkpoint's activation_bits, fp (16), int8 (8), "
+                             "or both (A16 and A8 on the same weights, with the cosine between them)")
     parser.add_argument("--compile", action="store_true", help="vLLM: compile the model instead of running eager")
     parser.add_argument("--max-tokens", type=int, default=8192, help="causal LMs: tokens scored for perplexity")
     parser.add_argument("--gate", action="store_true", help="exit 1 when a metric is outside its threshold")
@@ -317,9 +354,11 @@ def main(args) -> int:
 
     # Every check that needs no model runs first: a mistake costs a second, not minutes of embedding.
     safetensors_files(model_folder(args.base))
-    if read_quant_config(args.quant) is None:
+    qc = read_quant_config(args.quant)  # an unknown activation_bits is an error here, naming the field
+    if qc is None:
         print(f"ternop eval: error: {args.quant} is not a ternary checkpoint (no quantization_config)", file=sys.stderr)
         return 2
+    runs = activation_runs(args.activations, qc["activation_bits"])
     kind = "causal" if is_causal_lm(args.base) else "embedding"
     gates = load_gates(kind, args.thresholds, args.min, args.max)
     evaldata.require()
@@ -333,9 +372,11 @@ def main(args) -> int:
     backend = args.backend if kind == "embedding" else "hf"
     t0 = time.monotonic()
     if kind == "embedding":
-        report = embedding_report(args.base, args.quant, backend, args.dtype, not args.compile, log)
+        report = embedding_report(args.base, args.quant, backend, args.dtype, not args.compile, log, runs)
     else:
-        report = causal_report(args.base, args.quant, args.dtype, args.max_tokens)
+        report = causal_report(args.base, args.quant, args.dtype, args.max_tokens, runs)
+    report["activation_bits"] = dict(runs)
+    report["checkpoint_activation_bits"] = qc["activation_bits"]
     add_memory(report, args.base, args.quant, args.dtype)
     values = summary(report)
     failures = check_gates(values, gates)

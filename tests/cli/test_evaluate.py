@@ -117,6 +117,67 @@ def test_evaluate_embedding_report_hf(bert_pair, tmp_path, capsys):
     assert report["gate"]["enabled"] is False
 
 
+def test_evaluate_activations_both_compares_a8_with_a16_on_the_same_weights(bert_pair, tmp_path, capsys):
+    base, quant = bert_pair
+    out = tmp_path / "both.json"
+    argv = [str(base), str(quant), "--backend", "hf", "--activations", "both", "--json", str(out), "--gate",
+            "--min", "a8_vs_a16_mean_cosine=0.9", "--max", "a8_wiki_mrr_drop=0.5",
+            "--min", "lee50_spearman=off", "--min", "wiki_mrr=off"]  # a random model retrieves nothing  # fmt: skip
+    assert _run(argv) == 0
+    table = capsys.readouterr().out
+    assert "ternary A16" in table and "ternary A8" in table and "cosine to A16, mean" in table
+    report = json.loads(out.read_text())
+    assert report["activation_bits"] == {"ternary": 16, "ternary_a8": 8} and report["checkpoint_activation_bits"] == 16
+    a16, a8, summary = report["models"]["ternary"], report["models"]["ternary_a8"], report["summary"]
+    assert a8 != a16  # the A8 run is a run of its own
+    assert 0.9 < summary["a8_vs_a16_min_cosine"] <= summary["a8_vs_a16_mean_cosine"] <= 1
+    assert summary["a8_vs_a16_min_cosine"] < 1  # int8 rounding moves some embedding
+    assert summary["a8_wiki_mrr_drop"] == pytest.approx(a16["wiki_mrr"] - a8["wiki_mrr"])
+    assert summary["a8_wiki_mrr"] == a8["wiki_mrr"] and summary["wiki_mrr"] == a16["wiki_mrr"]
+    assert summary["a8_mean_cosine"] == report["agreement"]["a8_mean_cosine"] < 1
+    assert report["gate"]["passed"]
+
+
+def test_evaluate_activation_runs_follow_the_checkpoint_unless_told():
+    from ternop.cli.modes import activation_runs
+
+    assert activation_runs("checkpoint", 8) == [("ternary", 8)]
+    assert activation_runs("checkpoint", 16) == [("ternary", 16)]
+    assert activation_runs("int8", 16) == activation_runs("int8", 8) == [("ternary", 8)]
+    assert activation_runs("fp", 8) == [("ternary", 16)]
+    assert activation_runs("both", 8) == [("ternary", 16), ("ternary_a8", 8)]
+
+
+def test_activation_view_links_the_weights_and_patches_only_the_mode(bert_pair):
+    from ternop.checkpoint import load_config, read_quant_config
+    from ternop.cli.modes import activation_view
+
+    _, quant = bert_pair
+    with activation_view(quant, 16) as same:
+        assert same == quant
+    before = (quant / "config.json").read_text()
+    with activation_view(quant, 8) as view:
+        assert view != quant and read_quant_config(view)["activation_bits"] == 8
+        assert (view / "model.safetensors").resolve() == (quant / "model.safetensors").resolve()
+        want = load_config(quant)
+        want["quantization_config"]["activation_bits"] = 8
+        assert load_config(view) == want
+    assert not view.exists() and (quant / "config.json").read_text() == before
+
+
+def test_evaluate_refuses_unknown_activation_bits_naming_the_field(bert_pair, tmp_path, capsys):
+    import shutil
+
+    base, quant = bert_pair
+    bad = tmp_path / "bad"
+    shutil.copytree(quant, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"]["activation_bits"] = 6
+    (bad / "config.json").write_text(json.dumps(config))
+    assert _run([str(base), str(bad), "--backend", "hf"]) == 2
+    assert "quantization_config: activation_bits 6 is not supported" in capsys.readouterr().err
+
+
 def test_evaluate_rejects_a_plain_model_as_quant(bert_pair, capsys):
     base, _ = bert_pair
     assert _run([str(base), str(base), "--backend", "hf"]) == 2
@@ -147,6 +208,19 @@ def test_evaluate_causal_report(causal_pair, tmp_path):
     assert vocab / 3 < b["perplexity"] < vocab * 3
     assert 0 <= report["agreement"]["top1_agreement"] <= 1
     assert report["agreement"]["ppl_ratio"] == pytest.approx(t["perplexity"] / b["perplexity"])
+
+
+def test_evaluate_causal_activations_both(causal_pair, tmp_path, capsys):
+    base, quant = causal_pair
+    out = tmp_path / "causal.json"
+    assert _run([str(base), str(quant), "--json", str(out), "--max-tokens", "300", "--activations", "both"]) == 0
+    assert "same top token as A16" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    a16, a8 = report["models"]["ternary"], report["models"]["ternary_a8"]
+    assert a16["tokens"] == a8["tokens"] and a16["perplexity"] != a8["perplexity"]
+    ag = report["agreement"]
+    assert ag["a8_ppl_ratio"] == pytest.approx(a8["perplexity"] / report["models"]["base"]["perplexity"])
+    assert 0 <= ag["a8_vs_a16_top1_agreement"] <= 1 and report["summary"]["a8_perplexity"] == a8["perplexity"]
 
 
 def test_evaluate_gate_exit_code(causal_pair, capsys):
