@@ -10,6 +10,7 @@ import argparse
 import sys
 from dataclasses import fields
 
+from ternop.cli.modes import ACTIVATIONS, bits_of
 from ternop.quant.distill import DistillConfig
 
 
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens, help="calibration tokens for --init calibrated")
     parser.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                         help="keep modules matching PATTERN dense (repeat --skip for more patterns)")
+    parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
+                        help="the mode to train for and write as quantization_config.activation_bits: fp (16, "
+                             "activations as given) or int8 (8: each ternary layer's input is rounded per token to "
+                             "int8 in the forward pass, straight-through in the backward pass)")
     parser.add_argument("--device", default=d.device, help="cpu or cuda")
     parser.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
     parser.add_argument("--resume", action="store_true", help="continue from the saved state")
@@ -60,6 +65,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
     values = {k: v for k, v in vars(args).items() if k in known}
     values["skip"] = tuple(args.skip)
     values["overwrite"] = args.force
+    values["activation_bits"] = bits_of(getattr(args, "activations", "fp"))
     return DistillConfig(**values)
 
 

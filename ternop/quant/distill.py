@@ -3,7 +3,10 @@
 The student is the base model with every selected linear layer (``ternop.selection``) made
 ternary by a straight-through estimator: the forward pass uses ``s * round(clamp(W / s, -1, 1))``
 per 128-block along K, from latent dense weights ``W`` and learnable per-block scales ``s``; the
-backward pass treats the rounding as the identity (gradients reach both W and s). Biases and
+backward pass treats the rounding as the identity (gradients reach both W and s). With
+``activation_bits=8`` (``ternop distill --activations int8``) each layer's input is also rounded
+per token to int8 exactly as W2A8 rounds it (``ternop.activations.quantize_rows``), again with
+the identity as its gradient, so the student trains for the mode it will run in. Biases and
 norms train too; embeddings stay frozen. The teacher is the fp base model. The loss is
 ``1 - cos`` between student and teacher sentence embeddings (the model's own pooling), plus
 ``hidden_weight`` times the teacher-normalised MSE of the last hidden states (real tokens).
@@ -11,7 +14,8 @@ norms train too; embeddings stay frozen. The teacher is the fp base model. The l
 The student starts from the calibrated ternarization (``ternop.quant.calibrate``) or from
 optimal rounding. State (latent weights, scales, optimizer, step) is saved every
 ``save_every`` steps so that a run can stop and resume; it is removed once the checkpoint is
-written (unless ``keep_state``). The result is a standard format-v1 checkpoint.
+written (unless ``keep_state``). The result is a standard format-v1 checkpoint whose
+``quantization_config.activation_bits`` is the mode it was trained for.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ternop.format import BLOCK_SIZE, SCALE_DTYPE
+from ternop.activations import quantize_rows
+from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, SCALE_DTYPE, check_activation_bits
 from ternop.selection import select_linears
 
 
@@ -51,6 +56,7 @@ class DistillConfig:
     seed: int = 0
     quiet: bool = False
     overwrite: bool = False
+    activation_bits: int = DEFAULT_ACTIVATION_BITS
 
 
 def default_state_path(dst) -> Path:
@@ -58,15 +64,30 @@ def default_state_path(dst) -> Path:
     return Path(f"{str(dst).rstrip('/')}.distill-state.pt")
 
 
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] -> x rounded per token to int8 and back (fp32), as W2A8 rounds it; the gradient is the identity.
+
+    The value is ``q * s_x`` of ``ternop.activations.quantize_rows`` (absmax per token, round half
+    to even, clamp to +-127), so ``x_q @ (t * s).T`` is the W2A8 product up to the order of fp32 sums.
+    """
+    q, sx = quantize_rows(x.detach().reshape(-1, x.shape[-1]))
+    xq = (q.to(torch.float32) * sx[:, None]).view(x.shape)
+    # Straight-through: the value is exactly xq (x - x.detach() is 0), the gradient that of x.
+    return xq + (x - x.detach()).to(torch.float32)
+
+
 class QATLinear(nn.Module):
     """Linear layer trained through ternary rounding. Parameters: ``weight`` [N, K] (latent),
-    ``scale`` [N, K/128] fp32, ``bias`` [N] or None."""
+    ``scale`` [N, K/128] fp32, ``bias`` [N] or None. ``activation_bits=8`` also rounds the input
+    per token to int8 (:func:`int8_activations`)."""
 
-    def __init__(self, latent: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, latent: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 activation_bits: int = DEFAULT_ACTIVATION_BITS):  # fmt: skip
         super().__init__()
         n, k = latent.shape
         if k % BLOCK_SIZE or tuple(scale.shape) != (n, k // BLOCK_SIZE):
             raise ValueError(f"latent [N, K] = {list(latent.shape)} needs scale [N, K/128], got {list(scale.shape)}")
+        self.activation_bits = check_activation_bits(activation_bits, "QATLinear")
         self.weight = nn.Parameter(latent.detach().float().clone())
         self.scale = nn.Parameter(scale.detach().float().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone())
@@ -84,9 +105,15 @@ class QATLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         r, s = self._ratio()
         t = torch.round(torch.clamp(r, -1.0, 1.0))
-        # Straight-through: the value is s * t, the gradient that of s * r.
-        w = s * (r + (t - r).detach())
+        # Straight-through: the value is exactly s * t (r - r.detach() is 0), the gradient that of s * r.
+        w = s * (t + (r - r.detach()))
+        if self.activation_bits == 8:
+            x = int8_activations(x).to(x.dtype)
         return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        n, k = self.weight.shape
+        return f"in_features={k}, out_features={n}, bias={self.bias is not None}, activation_bits={self.activation_bits}"
 
 
 def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, progress: bool):
@@ -104,7 +131,8 @@ def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, 
     return out
 
 
-def build_student(student: nn.Module, init_values: dict) -> dict[str, QATLinear]:
+def build_student(student: nn.Module, init_values: dict,
+                  activation_bits: int = DEFAULT_ACTIVATION_BITS) -> dict[str, QATLinear]:  # fmt: skip
     """Replaces, in place, each named nn.Linear by a QATLinear whose latent weight is its ternary init."""
     layers = {}
     for name, (values, scale) in init_values.items():
@@ -112,7 +140,7 @@ def build_student(student: nn.Module, init_values: dict) -> dict[str, QATLinear]
         parent = student.get_submodule(parent_name) if parent_name else student
         old = getattr(parent, child)
         latent = values.float() * scale.repeat_interleave(BLOCK_SIZE, dim=1)
-        layer = QATLinear(latent, scale, old.bias).to(old.weight.device)
+        layer = QATLinear(latent, scale, old.bias, activation_bits).to(old.weight.device)
         setattr(parent, child, layer)
         layers[name] = layer
     return layers
@@ -147,40 +175,13 @@ def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) ->
     return loss, stats
 
 
-def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    out = []
-    for name, p in student.named_parameters():
-        frozen = "embed" in name.lower() or name.startswith("pooler.") or ".pooler." in name
-        p.requires_grad_(not frozen)
-        if not frozen:
-            out.append((name, p))
-    return out
-
-
-def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) -> tuple[torch.Tensor, dict]:
-    from ternop.hf.embedding import pool
-
-    with torch.no_grad():
-        th = teacher(**batch).last_hidden_state.float()
-        te = pool(th, batch["attention_mask"], pooling)
-    sh = student(**batch).last_hidden_state.float()
-    se = pool(sh, batch["attention_mask"], pooling)
-    cos = (se * te).sum(-1)
-    loss = (1.0 - cos).mean()
-    stats = {"cos": float(cos.detach().mean())}
-    if hidden_weight > 0:
-        m = batch["attention_mask"].bool()
-        mse = ((sh - th)[m] ** 2).mean() / (th[m] ** 2).mean().clamp(min=1e-12)
-        loss = loss + hidden_weight * mse
-        stats["hmse"] = float(mse.detach())
-    return loss, stats
-
-
 def export(base, dst, student: nn.Module, layers: dict[str, QATLinear], dense: list[str], *,
-           progress: bool = True, overwrite: bool = False) -> None:  # fmt: skip
+           progress: bool = True, overwrite: bool = False,
+           activation_bits: int = DEFAULT_ACTIVATION_BITS) -> None:  # fmt: skip
     """Writes the student as a v1 checkpoint at ``dst``: ternary layers, and trained biases and norms.
 
-    ``dense`` names the student's linear layers left dense (they go to ``modules_to_not_convert``).
+    ``dense`` names the student's linear layers left dense (they go to ``modules_to_not_convert``);
+    ``activation_bits`` is written to ``quantization_config``.
     """
     from ternop.checkpoint import tensor_index, write_checkpoint
     from ternop.hf.names import module_to_checkpoint
@@ -207,7 +208,7 @@ def export(base, dst, student: nn.Module, layers: dict[str, QATLinear], dense: l
             overrides[key] = p.detach().cpu().to(index[key].dtype).contiguous()
     not_converted = [names[f"{n}.weight"][: -len(".weight")] for n in dense if f"{n}.weight" in names]
     write_checkpoint(base, dst, quantized, modules_to_not_convert=not_converted, overrides=overrides,
-                     progress=progress, overwrite=overwrite)  # fmt: skip
+                     progress=progress, overwrite=overwrite, activation_bits=activation_bits)  # fmt: skip
 
 
 def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
@@ -222,6 +223,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
 
     if not texts:
         raise ValueError("distillation needs at least one training text")
+    bits = check_activation_bits(args.activation_bits, "ternop distill")
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     state_path = Path(args.state) if args.state else default_state_path(dst)
@@ -232,6 +234,11 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
     state = torch.load(state_path, map_location="cpu") if args.resume and state_path.exists() else None
     if args.resume and state is None:
         print(f"ternop distill: no state at {state_path}; starting from scratch", file=sys.stderr)
+    if state is not None and int(state.get("activation_bits", DEFAULT_ACTIVATION_BITS)) != bits:
+        raise ValueError(
+            f"the state in {state_path} was trained with activation_bits {state.get('activation_bits', 16)}, "
+            f"not {bits}; resume with the same --activations, or start again without --resume"
+        )
     t0 = time.time()
     if state is None:
         init = _init_values(student, tokenizer, texts, args.init, args.skip, args.calib_tokens, not args.quiet)
@@ -239,7 +246,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
         # Shapes only: the saved state overwrites values and scales below.
         init = {n: (torch.zeros_like(m.weight, dtype=torch.int8), torch.ones(m.out_features, m.in_features // BLOCK_SIZE))
                 for n, m in targets.items()}  # fmt: skip
-    layers = build_student(student, init)
+    layers = build_student(student, init, bits)
     teacher.to(device).eval()
     student.to(device).train()
     # Dropout would make the student chase a moving target on a few hundred steps.
@@ -279,14 +286,15 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
         if step % args.save_every == 0 or step == stop_at:
             trainable = {n for n, _ in params}
             tmp = state_path.with_suffix(".tmp")
-            torch.save({"step": step, "optimizer": opt.state_dict(),
+            torch.save({"step": step, "optimizer": opt.state_dict(), "activation_bits": bits,
                         "student": {k: v for k, v in student.state_dict().items() if k in trainable}}, tmp)  # fmt: skip
             tmp.replace(state_path)
     bar.close()
     if step < total:
         return {"steps": step, "seconds": time.time() - t0, "stopped": True, "state": str(state_path), **stats}
     student.eval()
-    export(base, dst, student.cpu(), layers, list(dense), progress=not args.quiet, overwrite=args.overwrite)
+    export(base, dst, student.cpu(), layers, list(dense), progress=not args.quiet, overwrite=args.overwrite,
+           activation_bits=bits)
     if not args.keep_state:
         state_path.unlink(missing_ok=True)
     return {"steps": step, "seconds": time.time() - t0, "state": str(state_path) if args.keep_state else None, **stats}

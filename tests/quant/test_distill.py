@@ -30,6 +30,58 @@ def test_qat_linear_forward_is_ternary_and_grads_flow():
     assert x.grad is not None
 
 
+def test_int8_activations_round_as_w2a8_and_pass_gradients_straight_through():
+    from ternop.activations import quantize_rows
+
+    x = (torch.randn(3, 7, 256) * torch.logspace(-2, 1, 256)).requires_grad_(True)
+    xq = distill.int8_activations(x)
+    q, sx = quantize_rows(x.detach().reshape(-1, 256))
+    assert torch.equal(xq.detach().reshape(-1, 256), q.float() * sx[:, None])  # exactly the spec's values
+    assert not torch.equal(xq.detach(), x.detach())
+    g = torch.randn_like(x)
+    (xq * g).sum().backward()
+    assert torch.equal(x.grad, g)
+
+
+def _exact_layer(n: int, k: int, bits: int, seed: int = 1):
+    """A QATLinear whose latent weight is already ternary x fp16-exact scales, and its v1 (packed, scale)."""
+    from ternop.format import pack_codes, values_to_codes
+
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-1, 2, (n, k), generator=g)
+    scale = (torch.rand(n, k // BLOCK_SIZE, generator=g) * 0.1 + 0.01).half().float()
+    latent = values.float() * scale.repeat_interleave(BLOCK_SIZE, dim=1)
+    layer = distill.QATLinear(latent, scale, torch.randn(n, generator=g), activation_bits=bits)
+    assert torch.equal(layer.values(), values.to(torch.int8))
+    return layer, pack_codes(values_to_codes(values)), scale.half()
+
+
+def test_qat_linear_a8_forward_is_the_w2a8_op_and_grads_flow():
+    import ternop
+
+    layer, packed, scale = _exact_layer(37, 384, 8)
+    x = (torch.randn(2, 5, 384) * 3).requires_grad_(True)
+    y = layer(x)
+    want = ternop.linear(x.detach(), packed, scale, layer.bias.detach(), activation_bits=8)
+    torch.testing.assert_close(y.detach(), want, rtol=1e-5, atol=1e-5)
+    a16 = ternop.linear(x.detach(), packed, scale, layer.bias.detach())
+    assert float((y.detach() - a16).abs().max()) > 1e-3  # the int8 rounding is in the forward pass
+    y.square().sum().backward()
+    for name in ("weight", "scale", "bias"):
+        grad = getattr(layer, name).grad
+        assert grad is not None and bool(grad.abs().sum() > 0), name
+    # Straight-through: x's gradient is that of the dense product, as if x were not rounded.
+    xs = x.detach().requires_grad_(True)
+    dense = layer.values().float() * layer.scale.detach().repeat_interleave(BLOCK_SIZE, dim=1)
+    torch.nn.functional.linear(xs, dense).backward(2 * y.detach())
+    torch.testing.assert_close(x.grad, xs.grad)
+
+
+def test_qat_linear_rejects_unknown_activation_bits():
+    with pytest.raises(ValueError, match="activation_bits 4"):
+        distill.QATLinear(torch.zeros(4, 128), torch.ones(4, 1), None, activation_bits=4)
+
+
 def test_qat_linear_rejects_bad_scale_shape():
     with pytest.raises(ValueError, match=r"scale \[N, K/128\]"):
         distill.QATLinear(torch.zeros(4, 256), torch.ones(4, 3), None)
@@ -89,6 +141,38 @@ def test_distill_improves_on_rounding_and_writes_v1(tiny_fp, data_file, tmp_path
     before = _cosine_to_teacher(tiny_fp, rounded, texts)
     after = _cosine_to_teacher(tiny_fp, dst, texts)
     assert after > before + 0.5 * (1 - before), (before, after)
+
+
+def test_distill_int8_trains_through_the_rounding_and_records_activation_bits_8(tiny_fp, data_file, tmp_path):
+    from ternop.checkpoint import read_quant_config
+    from ternop.hf import embed_texts, load_model
+    from ternop.modules import TernaryLinear
+    from ternop.quant.convert import quantize_checkpoint
+
+    texts = data_file.read_text().splitlines()
+    rounded = tmp_path / "rounded"
+    quantize_checkpoint(tiny_fp, rounded, method="optimal", progress=False, activation_bits=8)
+    dst = tmp_path / "distilled"
+    assert distill_cli.main(_args(tiny_fp, dst, data_file, steps=25, activations="int8")) == 0
+    assert read_quant_config(dst)["activation_bits"] == 8
+    layers = [m for m in load_model(dst).modules() if isinstance(m, TernaryLinear)]
+    assert len(layers) == 12 and all(m.activation_bits == 8 for m in layers)
+    teacher = embed_texts(tiny_fp, texts)
+    # Both scored in A8, through the op (TernaryLinear), as the checkpoints run.
+    before = float((embed_texts(rounded, texts) * teacher).sum(-1).mean())
+    after = float((embed_texts(dst, texts) * teacher).sum(-1).mean())
+    assert after > before + 0.5 * (1 - before), (before, after)
+
+
+def test_distill_resume_refuses_another_activation_mode(tiny_fp, data_file, tmp_path, capsys):
+    from ternop.cli import main
+
+    argv = ["distill", str(tiny_fp), str(tmp_path / "d"), "--data", str(data_file), "--steps", "2", "--quiet",
+            "--init", "optimal"]  # fmt: skip
+    assert main([*argv, "--stop-at", "1"]) == 0
+    assert main([*argv, "--resume", "--activations", "int8"]) == 2
+    assert "trained with activation_bits 16, not 8" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() and (tmp_path / "d.distill-state.pt").exists()
 
 
 def test_distill_resume_equals_uninterrupted(tiny_fp, data_file, tmp_path):
