@@ -229,3 +229,36 @@ def tiny_gguf(dst: str | os.PathLike, arch: str = "qwen3", qtype: str = "TQ2_0",
     w.write_tensors_to_file()
     w.close()
     return path, hf_dir
+
+
+def tiny_bitnet_qwen3(dst: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Path:
+    """A random BitNet-style Qwen3 embedder: Qwen3Model whose projections are offline ``autobitlinear`` layers with
+    ``use_rms_norm`` (an RMSNorm, ``<prefix>.rms_norm.weight``, before each), packed by transformers' pack_weights."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3Model
+    from transformers.integrations.bitnet import pack_weights
+
+    dst = Path(dst)
+    tok = bpe_tokenizer(dst)
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=32, intermediate_size=512, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    model = Qwen3Model(config).eval()
+    _randomize(model, seed)
+    model.to(dtype)
+    out = {}
+    for name, w in model.state_dict().items():
+        if not name.endswith("_proj.weight"):
+            out[name] = w.contiguous()
+            continue
+        prefix = name[: -len(".weight")]
+        wf = w.to(torch.float32)
+        s = 1.0 / wf.abs().mean().clamp(min=1e-5)
+        out[name] = pack_weights((wf * s).round().clamp(-1, 1).to(torch.int8))
+        out[prefix + ".weight_scale"] = (1.0 / s).reshape(1).to(dtype)
+        out[prefix + ".rms_norm.weight"] = (1.0 + 0.2 * torch.randn(w.shape[1])).to(dtype)
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = {**config.to_dict(), "architectures": ["Qwen3Model"],
+           "quantization_config": {**BITNET_QUANT["autobitlinear"], "use_rms_norm": True, "rms_norm_eps": 1e-6}}  # fmt: skip
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return dst

@@ -22,7 +22,10 @@ from ternop.quant.bitnet import SCALE_SUFFIX, bitnet_source, dequantized_weight,
 from ternop.quant.plan import Dense, Layer, Plan, copy_side_files
 
 PROJECTION_NORM_KEY = "ternop_projection_norm_eps"
-"""config.json key of a converted ``use_rms_norm`` checkpoint: the eps of the RMSNorm before each ternary layer."""
+"""config.json key of a converted ``use_rms_norm`` checkpoint: the eps of the RMSNorm before each ternary layer
+(read by ternop.vllm_plugin.bitnet_qwen3; docs/CHECKPOINTS.md)."""
+NORMED_ARCHITECTURES = {"Qwen3Model": "BitNetQwen3Model", "Qwen3ForCausalLM": "BitNetQwen3ForCausalLM"}
+"""The architecture a converted ``use_rms_norm`` checkpoint is served as (ternop's vLLM plugin registers them)."""
 
 
 def _read(file: Path, name: str) -> torch.Tensor:
@@ -59,6 +62,7 @@ def plan_bitnet(src: Path) -> Plan:
     config = {k: v for k, v in config.items() if k != "quantization_config"}
     if source.projection_norm_eps is not None:
         config[PROJECTION_NORM_KEY] = source.projection_norm_eps
+        config["architectures"] = [NORMED_ARCHITECTURES.get(a, a) for a in config.get("architectures") or []]
     plan = Plan(description=source.description, config=config, activation_bits=8,
                 write_files=partial(copy_side_files, src))  # fmt: skip
     for name, info in index.items():

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 _registered = False
 
-MODELS = {"BitNetForCausalLM": "ternop.vllm_plugin.bitnet:BitNetForCausalLM"}
+MODELS = {
+    "BitNetForCausalLM": "ternop.vllm_plugin.bitnet:BitNetForCausalLM",
+    "BitNetQwen3ForCausalLM": "ternop.vllm_plugin.bitnet_qwen3:BitNetQwen3ForCausalLM",
+    "BitNetQwen3Model": "ternop.vllm_plugin.bitnet_qwen3:BitNetQwen3Model",
+}
 """Architectures (config.json ``architectures``) the plugin adds to vLLM, when vLLM has none of that name."""
 
 

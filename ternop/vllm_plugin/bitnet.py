@@ -41,12 +41,13 @@ class ShardedRMSNorm(nn.Module):
     Holds this rank's ``size / tp`` slice of the weight. ``forward`` takes this rank's slice of
     x ``[..., size / tp]`` and computes, like transformers' ``BitNetRMSNorm``,
     ``weight * (x / sqrt(mean(x^2) + eps))`` with the mean over all ``size`` features (fp32).
+    With ``sharded=False`` every rank holds all features (the input of a column-parallel layer).
     """
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, sharded: bool = True):
         super().__init__()
-        self.tp_size = get_tensor_model_parallel_world_size()
-        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size() if sharded else 1
+        self.tp_rank = get_tensor_model_parallel_rank() if sharded else 0
         if size % self.tp_size:
             raise ValueError(f"a sub-norm of {size} features cannot split across {self.tp_size} ranks")
         self.size, self.eps = size, eps
@@ -154,4 +155,7 @@ class BitNetForCausalLM(LlamaForCausalLM):
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         check_ternary(vllm_config.quant_config, "BitNetForCausalLM")
+        if getattr(vllm_config.model_config.hf_config, "ternop_projection_norm_eps", None) is not None:
+            raise ValueError("BitNetForCausalLM with an RMSNorm before every projection (use_rms_norm) is not "
+                             "supported; ternop serves that variant for Qwen3 (BitNetQwen3Model)")  # fmt: skip
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=BitNetDecoderLayer)
