@@ -12,7 +12,7 @@ Checkpoints (every encoder linear ternary):
   distilled A16      ternop distill BASE DST (trained with activations as given)
   distilled A8       ternop distill BASE DST --activations int8 (trained through the int8 rounding)
 
-    python benchmarks/quality_a8.py --work /tmp/a8                      # everything (two CPU distillations)
+    python benchmarks/quality_a8.py --work DIR                          # everything (two CPU distillations)
     python benchmarks/quality_a8.py --reuse "distilled A16=DIR@SECONDS"  # score a finished distillation
 
 Writes benchmarks/results/cpu/a8_quality.json and .md. The target (issue 13): on distilled MiniLM,
