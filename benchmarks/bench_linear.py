@@ -19,8 +19,10 @@ calls it: ``ternop`` (16-bit activations, weights repacked to the a16 layout), `
 (the same on format-v1 weights as stored) and ``ternop_a8`` (int8 activations, a8 layout,
 per-token quantization included); every backend that can run the call, forced
 (``backend:<name>[<layout>]``); ``cublas_bf16`` (F.linear on bf16 weights) and
-``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call). The report
-is stamped with the git commit of the code it ran.
+``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call); and, when
+vLLM is importable, ``marlin_w4a16``: vLLM's Marlin kernel on GPTQ int4 weights (group 128,
+no act-order), what a user would otherwise pick to shrink weights. The report is stamped
+with the git commit of the code it ran.
 """
 
 from __future__ import annotations
@@ -99,7 +101,37 @@ def dequant(packed, scale, shifts):
     return (v.view(packed.shape[0], -1, 128) * scale.to(DTYPE).unsqueeze(-1)).view(packed.shape[0], -1)
 
 
-def impls(x, tern, dense):
+def make_marlin(k: int, n: int, copies: int):
+    """Marlin W4A16 weights (``copies`` rotated copies of one quantized weight) and its call, or
+    None (with the reason printed) where vLLM or its Marlin kernel is missing."""
+    try:
+        from vllm.model_executor.layers.quantization.utils import marlin_utils as mu
+        from vllm.model_executor.layers.quantization.utils.marlin_utils_test import marlin_quantize
+        from vllm.scalar_type import scalar_types
+
+        wtype = scalar_types.uint4b8
+        w = torch.randn(k, n, device="cuda", dtype=DTYPE) * 0.02
+        _, q, s, _, _, _ = marlin_quantize(w, wtype, 128, False)
+        empty = mu.marlin_make_empty_g_idx(w.device)
+        workspace = mu.marlin_make_workspace_new(w.device)
+    except Exception as exc:  # vLLM absent, or built without Marlin
+        print(f"  marlin_w4a16 left out: {type(exc).__name__}: {exc}"[:200], flush=True)
+        return None
+    weights = [(q.clone(), s.clone()) for _ in range(copies)]
+    del w
+
+    def call(x, i):
+        q_i, s_i = weights[i % copies]
+        return mu.apply_gptq_marlin_linear(
+            input=x, weight=q_i, weight_scale=s_i, weight_zp=empty, g_idx=empty, g_idx_sort_indices=empty,
+            workspace=workspace, wtype=wtype, output_size_per_partition=n, input_size_per_partition=k,
+            is_k_full=True,
+        )  # fmt: skip
+
+    return call, copies
+
+
+def impls(x, tern, dense, marlin=None):
     """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies."""
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
     v1, a16, a8 = tern["v1"], tern["a16"], tern["a8"]
@@ -110,6 +142,9 @@ def impls(x, tern, dense):
         "ternop_v1": (lambda i: ternop.linear(x, *v1[i % len(v1)]), len(v1)),
         "ternop_a8": (lambda i: ternop.linear(x, *a8[i % len(a8)], activation_bits=8, layout="a8"), len(a8)),
     }
+    if marlin is not None:
+        call, copies = marlin
+        res["marlin_w4a16"] = (lambda i: call(x, i), copies)
     for b in backends.available("cuda"):
         for bits, layout in ((16, "a16"), (16, "v1"), (8, "a8")):
             w = tern[layout]
@@ -128,6 +163,8 @@ def bytes_moved(name: str, m: int, k: int, n: int) -> int:
     act = 2 * m * k + 2 * m * n
     if name == "cublas_bf16":
         return 2 * n * k + act
+    if name == "marlin_w4a16":
+        return n * k // 2 + 2 * n * (k // 128) + act
     return n * k // 4 + 2 * n * (k // 128) + act
 
 
@@ -142,10 +179,11 @@ def run_bench(args, save=None) -> dict:
             tern = {lay: [(layouts.repack(p, lay), s) for p, s in base] for lay in ("a16", "a8")}
             tern["v1"] = base
             dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
+            marlin = make_marlin(k, n, copies_for(n * k // 2)) if args.marlin else None
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
                 row = {}
-                for name, (fn, calls) in impls(x, tern, dense).items():
+                for name, (fn, calls) in impls(x, tern, dense, marlin).items():
                     try:
                         row[name] = time_graph(fn, calls)
                     except Exception as exc:  # report a broken backend, keep measuring the rest
@@ -161,10 +199,12 @@ def run_bench(args, save=None) -> dict:
                 best = min([(v, kname) for kname, v in row.items()
                             if kname.startswith("backend:") and not kname.endswith("[a8]")] or [(math.inf, "-")])
                 tern_us, a8_us = row.get("ternop", math.inf), row.get("ternop_a8", math.inf)
+                marlin_us = row.get("marlin_w4a16", math.inf)
                 print(f"{family:5s} {k:6d}->{n:6d} M={m:5d}  bf16 {base:9.2f} us  ternop {tern_us:9.2f} us "
-                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  best a16 {best[1][8:]} x{base / best[0]:5.2f}",
+                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  marlin x{base / marlin_us:5.2f}  "
+                      f"best a16 {best[1][8:]} x{base / best[0]:5.2f}",
                       flush=True)
-            del tern, dense, base
+            del tern, dense, base, marlin
             torch.cuda.empty_cache()
             if save is not None:
                 save(_report(results, complete=False))
@@ -202,6 +242,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/bench_linear.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
+    parser.add_argument("--no-marlin", dest="marlin", action="store_false",
+                        help="leave out vLLM's Marlin W4A16 row (it is left out by itself when vLLM is absent)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_linear needs a CUDA device", file=sys.stderr)
