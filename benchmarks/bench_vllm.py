@@ -240,17 +240,20 @@ def _prompts(n: int, length: int, seed: int):
     return [TokensPrompt(prompt_token_ids=[rng.randrange(1, TOKENS_IN_VOCAB) for _ in range(length)]) for _ in range(n)]
 
 
-def _profile_top(fn, n: int = 15) -> list[dict]:
+def _profile_top(fn, n: int = 15, by: str = "device") -> list[dict]:
+    """The ``n`` events with the most self time on the device (``by="device"``, the CPU where
+    there is none) or on the host (``by="cpu"``), with both times."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         fn()
-    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    key = "self_device_time_total" if by == "device" and torch.cuda.is_available() else "self_cpu_time_total"
     rows = []
     for e in sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:n]:
-        rows.append({"name": e.key[:120], "calls": e.count, "self_us": getattr(e, key, 0)})
+        rows.append({"name": e.key[:120], "calls": e.count, "self_us": getattr(e, key, 0),
+                     "self_cpu_us": e.self_cpu_time_total})  # fmt: skip
     return rows
 
 
@@ -258,7 +261,8 @@ def worker_embed(args) -> None:
     """Loads one embedding model, then serves commands from the driver, one JSON line each.
 
     stdin:  {"op": "embed", "n": N, "length": L, "seed": S} | {"op": "latency", "length": L,
-            "queries": Q, "seed": S} | {"op": "profile", "n": N, "length": L, "seed": S} | {"op": "quit"}
+            "queries": Q, "seed": S} | {"op": "profile", "n": N, "length": L, "seed": S,
+            "by": "device" | "cpu"} | {"op": "quit"}
     stdout: lines "RESULT <json>"; the first reports the settings and weight bytes.
     """
     from vllm import LLM
@@ -295,7 +299,7 @@ def worker_embed(args) -> None:
             reply({"ms": times})
         elif cmd["op"] == "profile":
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
-            reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False))})
+            reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
 
 
 def worker_decode(args) -> dict:
@@ -513,6 +517,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             for name in names:
                 res["models"][name]["profile"] = workers[name].ask(op="profile", n=4 if args.tiny else 1024,
                                                                    length=128, seed=7)["top"]  # fmt: skip
+                # One 16-token query, by host time: where the single-query latency goes.
+                res["models"][name]["profile_query"] = workers[name].ask(op="profile", n=1, length=16, seed=8,
+                                                                         by="cpu")["top"]  # fmt: skip
     finally:
         for w in workers.values():
             w.close()
