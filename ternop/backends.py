@@ -4,7 +4,9 @@ A call is a ``LinearCall``: the real 2-D ``x [M, K]`` (unit stride along K), the
 the bias, the activation mode and the weight layout. Each backend answers
 ``can_implement(call) -> (ok, reason)``; the first backend in priority order that says yes
 runs. ``TERNOP_BACKEND=<name>`` forces one backend; if it cannot run the call, the call
-fails with its reason instead of silently falling back.
+fails with its reason instead of silently falling back. ``TERNOP_SKIP_BACKENDS=<name>,...``
+takes backends out of the walk (to compare two, or to step around one); it is read when a
+call key is first seen, like the choice it changes.
 
 The choice is made inside the op at run time, so a graph traced once with a symbolic M
 (as vLLM does) still picks the right kernel for every batch size. The answer depends only
@@ -24,6 +26,7 @@ import torch
 logger = logging.getLogger("ternop")
 
 ENV_BACKEND = "TERNOP_BACKEND"
+ENV_SKIP = "TERNOP_SKIP_BACKENDS"
 
 
 class LinearCall(NamedTuple):
@@ -140,7 +143,14 @@ def select(call: LinearCall) -> Backend:
     if backend is not None:
         return backend
     reasons = []
+    skip = {name.strip() for name in os.environ.get(ENV_SKIP, "").split(",") if name.strip()}
+    unknown = skip - set(_BACKENDS)
+    if unknown:
+        raise RuntimeError(f"{ENV_SKIP} names no backend {sorted(unknown)}; registered: {sorted(_BACKENDS)}")
     for backend in available(call.x.device.type):
+        if backend.name in skip:
+            reasons.append(f"{backend.name}: skipped ({ENV_SKIP})")
+            continue
         ok, reason = backend.can_implement(call)
         if ok:
             _CHOICE[key] = backend

@@ -167,6 +167,29 @@ def test_backend_rejections_are_reported(monkeypatch):
         ternop.linear(torch.randn(2, 128), packed, scale)
 
 
+def test_backend_skipped_by_name(monkeypatch):
+    """TERNOP_SKIP_BACKENDS takes a backend out of the walk: the next one runs, or the call
+    fails naming the skip; an unknown name is an error, not a silent no-op."""
+    first = backends.Backend("first", "cpu", 0, lambda *a: (True, ""), run=lambda call: call.x * 0 + 1)
+    second = backends.Backend("second", "cpu", 1, lambda *a: (True, ""), run=lambda call: call.x * 0 + 2)
+    monkeypatch.setattr(backends, "_BACKENDS", {"first": first, "second": second})
+    monkeypatch.setattr(backends, "_ORDER", {})
+    packed, scale = random_packed(8, 128)
+    x = torch.randn(2, 128)
+    call = backends.LinearCall(x, packed, scale, None)
+    for skip, want in (("", "first"), ("first", "second"), (" second , first", None), ("third", "unknown")):
+        monkeypatch.setattr(backends, "_CHOICE", {})
+        monkeypatch.setenv("TERNOP_SKIP_BACKENDS", skip)
+        if want == "unknown":
+            with pytest.raises(RuntimeError, match="TERNOP_SKIP_BACKENDS names no backend \\['third'\\]"):
+                backends.select(call)
+        elif want is None:
+            with pytest.raises(RuntimeError, match="first: skipped .*second: skipped"):
+                backends.select(call)
+        else:
+            assert backends.select(call).name == want
+
+
 # --- kernel layouts --------------------------------------------------------------------------
 
 
