@@ -84,6 +84,9 @@ _BIG = 1 << 62
 # shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
 # - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
 #   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels.
+# - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8: the same kernel quantizing x itself,
+#   which saves the quantization launch (about 2 us per layer at M = 1, sweep_fused_v2.json:
+#   cuda_mma_a8 without it against with it).
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
 # - triton_a16 from M = 17 to 128 (0.85x, 0.86x and 0.63x at M = 32, 64, 128), with split-K:
 #   single programs walking all of K were latency-bound (v2 against v1 of the sweep).
@@ -94,6 +97,7 @@ _BIG = 1 << 62
 #   after the fused kernels and run for what those decline.
 SM90: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
+    "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "triton_a16": [
@@ -122,6 +126,7 @@ SM90: Table = {
 
 DEFAULT: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
+    "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(8, CudaGemvConfig())],
     "triton_a16": [

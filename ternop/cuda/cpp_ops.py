@@ -5,6 +5,8 @@
                             bool a16=False) -> Tensor
     ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
                                Tensor? bias, ScalarType dtype) -> Tensor
+    ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
+                                     Tensor? bias=None) -> Tensor
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
@@ -26,7 +28,11 @@ _lib.define(
     "ScalarType dtype) -> Tensor"
 )
 
-OPS = ("linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8")
+_lib.define(
+    "linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
+)
+
+OPS = ("linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused")
 
 
 def _out(rows: torch.Tensor, weight_packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -51,6 +57,11 @@ def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False):
 @torch.library.register_fake("ternop::linear_cuda_mma_a8", lib=_lib)
 def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype):
     return _out(q, weight_packed, dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_mma_a8_fused", lib=_lib)
+def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None):
+    return _out(x, weight_packed, x.dtype)
 
 
 def has_kernel(op: str) -> bool:

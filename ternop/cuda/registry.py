@@ -4,6 +4,7 @@ Order (lower priority first):
 
 | backend | what | activations | layouts |
 |---|---|---|---|
+| ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
 | ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1, a16 |
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
@@ -15,8 +16,9 @@ Order (lower priority first):
 
 Which M each one takes comes from the static per-architecture table in
 ``ternop.cuda.configs``; the choice is made per call from the real M, so one compiled graph
-serves every batch size. Activations of 8 bits only ever run on ``triton_a8``: no backend
-falls back to another numeric path.
+serves every batch size. Activations of 8 bits only ever run on ``cuda_mma_a8_fused``,
+``cuda_mma_a8`` or ``triton_a8``, which compute the same thing: no backend falls back to
+another numeric path.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ _modules: dict[str, tuple[object, str]] = {}
 # need sm_80).
 CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
+# The fused quantization of ternary_mma_a8.cu keeps x's int8 rows in shared memory.
+CUDA_MMA_A8_FUSED_MAX_M = 2
+CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024
 TENSOR_CORE_MIN_CAPABILITY = (8, 0)
 FLOAT16 = (torch.float16, torch.bfloat16)
 
@@ -249,6 +254,21 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     return _cuda_ext_ready(call, ("a8",))
 
 
+def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
+    if call.activation_bits != 8:
+        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    if call.m > CUDA_MMA_A8_FUSED_MAX_M or call.m * call.k > CUDA_MMA_A8_FUSED_MAX_BYTES:
+        return False, (f"M={call.m}, K={call.k}: the fused quantization takes M <= {CUDA_MMA_A8_FUSED_MAX_M} "
+                       f"and M * K <= {CUDA_MMA_A8_FUSED_MAX_BYTES}")  # fmt: skip
+    config, why = configs.lookup("cuda_mma_a8_fused", call.m, call.x.device, _forced("cuda_mma_a8_fused"))
+    if config is None:
+        return False, why
+    why = _tensor_cores(call, "mma.sync m16n8k32 s8")
+    if why:
+        return False, why
+    return _cuda_ext_ready(call, ("a8",))
+
+
 def _contiguous(call: backends.LinearCall):
     bias = call.bias.contiguous() if call.bias is not None else None
     return call.x.contiguous(), call.weight_packed, call.weight_scale, bias
@@ -269,7 +289,12 @@ def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
     return torch.ops.ternop.linear_cuda_mma_a8(q, qs, call.weight_packed, call.weight_scale, bias, call.x.dtype)
 
 
+def _run_cuda_mma_a8_fused(call: backends.LinearCall) -> torch.Tensor:
+    return torch.ops.ternop.linear_cuda_mma_a8_fused(*_contiguous(call))
+
+
 BACKENDS = (
+    backends.Backend("cuda_mma_a8_fused", "cuda", 4, _can_cuda_mma_a8_fused, _run_cuda_mma_a8_fused),
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
     backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),

@@ -82,7 +82,7 @@ def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     ternop.linear(x[:1], packed, scale, layout=layout)  # loads the CUDA backends
     backend = backends.get(name)
     ok, why = backend.can_implement(_call(x, packed, scale, None, bits, layout))
-    if ok or name not in (*CPP_BACKENDS, "cuda_mma_a8"):
+    if ok or name not in (*CPP_BACKENDS, "cuda_mma_a8", "cuda_mma_a8_fused"):
         return
     if "needs sm_80" in why:
         pytest.skip(why)
@@ -318,20 +318,32 @@ A8_SHAPES = [(1, 128, 64), (3, 384, 136), (16, 4096, 1152), (17, 1024, 520), (64
              (129, 1024, 4096), (300, 14336, 256), (1000, 384, 1152)]
 
 
-@pytest.mark.parametrize("name", [None, "triton_a8", "cuda_mma_a8"])
+A8_CPP = ("cuda_mma_a8", "cuda_mma_a8_fused")
+
+
+def _a8_takes(name, m, k):
+    """Whether the C++ W2A8 backend ``name`` takes M rows of K (the others take every shape)."""
+    if name == "cuda_mma_a8":
+        return m <= 16
+    if name == "cuda_mma_a8_fused":
+        return m <= 2 and m * k <= 40 * 1024
+    return True
+
+
+@pytest.mark.parametrize("name", [None, "triton_a8", *A8_CPP])
 @pytest.mark.parametrize("layout", layouts.LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_linear_cuda_a8_against_the_spec(monkeypatch, name, layout, dtype):
-    if name == "cuda_mma_a8" and layout != "a8":
+    if name in A8_CPP and layout != "a8":
         pytest.skip("the C++ W2A8 kernel reads the a8 layout only")
-    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (8, 4096, 4096)]:
-        if name == "cuda_mma_a8" and m > 16:
+    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (8, 4096, 4096), (1, 14336, 520)]:
+        if not _a8_takes(name, m, k):
             continue
         v1, scale = _weights(n, k)
         packed = layouts.repack(v1, layout)
         x = torch.randn(m, 2 * k, device="cuda").to(dtype)[:, :k]  # strided rows
         bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]
-        if name == "cuda_mma_a8":
+        if name in A8_CPP:
             _skip_unavailable(name, x, packed, scale, bits=8, layout=layout)
         _force(monkeypatch, name)
         y = ternop.linear(x, packed, scale, bias, activation_bits=8, layout=layout)
@@ -341,24 +353,51 @@ def test_linear_cuda_a8_against_the_spec(monkeypatch, name, layout, dtype):
         assert y.dtype == dtype and _rel_err(y, ref) <= tol, (m, k, n, _rel_err(y, ref))
 
 
-@pytest.mark.parametrize("name", [None, "triton_a8", "cuda_mma_a8"])
+@pytest.mark.parametrize("name", [None, "triton_a8", *A8_CPP])
 def test_linear_cuda_a8_partials_are_exact(monkeypatch, name):
     """With one power-of-two scale per layer and fp32 x, every fp32 operation after the int32
     block partials is exact, so the kernel must equal the CPU reference bit for bit."""
-    for m, k, n in [(1, 4096, 1152), (7, 1024, 136), (16, 2176, 264), (64, 3072, 4096), (300, 2048, 256)]:
-        if name == "cuda_mma_a8" and m > 16:
+    for m, k, n in [(1, 4096, 1152), (2, 1024, 136), (7, 1024, 136), (16, 2176, 264), (64, 3072, 4096),
+                    (300, 2048, 256)]:  # fmt: skip
+        if not _a8_takes(name, m, k):
             continue
         v1, _ = _weights(n, k)
         scale = torch.full((n, k // 128), 2.0**-6, dtype=torch.float16, device="cuda")
         packed = layouts.repack(v1, "a8")
         x = torch.randn(m, k, device="cuda")
-        if name == "cuda_mma_a8":
+        if name in A8_CPP:
             _skip_unavailable(name, x, packed, scale, bits=8, layout="a8")
         _force(monkeypatch, name)
         y = ternop.linear(x, packed, scale, activation_bits=8, layout="a8")
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
         want = ternop.linear(x.cpu(), packed.cpu(), scale.cpu(), activation_bits=8, layout="a8")
         assert torch.equal(y.cpu(), want), (m, k, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_cuda_a8_fused_quantization_equals_the_separate_one(monkeypatch, dtype):
+    """The kernel that quantizes x itself gives, bit for bit, what the quantization kernel
+    followed by the same product gives: same int8 rows, same token scale, same sums. A zero
+    row (amax = 0) and rows of every magnitude are included."""
+    for m, k, n in [(1, 128, 64), (1, 4096, 1152), (2, 2048, 520), (1, 40960, 136), (2, 20480, 72)]:
+        v1, scale = _weights(n, k)
+        packed = layouts.repack(v1, "a8")
+        x = (torch.randn(m, k, device="cuda") * 10.0 ** torch.randint(-3, 4, (m, 1), device="cuda")).to(dtype)
+        if m == 2:
+            x[1] = 0
+        bias = torch.randn(n, device="cuda").to(dtype)
+        _skip_unavailable("cuda_mma_a8_fused", x, packed, scale, bits=8, layout="a8")
+        _force(monkeypatch, "cuda_mma_a8_fused")
+        fused = ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8")
+        _force(monkeypatch, "cuda_mma_a8")
+        separate = ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8")
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+        assert torch.equal(fused, separate), (m, k, n, (fused.float() - separate.float()).abs().max())
+    v1, scale = _weights(72, 1024)
+    x = torch.randn(3, 1024, device="cuda", dtype=dtype)
+    ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, layouts.repack(v1, "a8"), scale, bits=8,
+                                                                     layout="a8"))
+    assert not ok and "M <= 2" in why
 
 
 def test_linear_cuda_a8_never_falls_back(monkeypatch):
@@ -368,7 +407,7 @@ def test_linear_cuda_a8_never_falls_back(monkeypatch):
     for name in BACKENDS:
         ok, why = backends.get(name).can_implement(_call(x, v1, scale, bits=8))
         assert not ok and "16-bit" in why, name
-    keep = {k: b for k, b in backends._BACKENDS.items() if k not in ("triton_a8", "cuda_mma_a8")}
+    keep = {k: b for k, b in backends._BACKENDS.items() if k not in ("triton_a8", *A8_CPP)}
     monkeypatch.setattr(backends, "_BACKENDS", keep)
     monkeypatch.setattr(backends, "_ORDER", {})
     monkeypatch.setattr(backends, "_CHOICE", {})

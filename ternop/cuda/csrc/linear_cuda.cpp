@@ -6,14 +6,17 @@
 //                           bool a16=False) -> Tensor
 //   ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
 //                              Tensor? bias, ScalarType dtype) -> Tensor
+//   ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
+//                                    Tensor? bias=None) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
 // ternary_mma.cu, format v1 or the a16 layout); weight_packed uint8 [N, K/4]; weight_scale
 // fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 op takes
 // x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, and returns
-// [M, N] in ``dtype``. They allocate only through the caching allocator and launch on the
-// current stream, so they are safe inside CUDA graph capture.
+// [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
+// and quantizes it inside the kernel, with the same result. They allocate only through the
+// caching allocator and launch on the current stream, so they are safe inside CUDA graph capture.
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -32,6 +35,9 @@ int ternary_mma_a8_max_m();
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, const void* bias, void* out, int M, int N, int K,
                                   cudaStream_t stream);
+bool ternary_mma_a8_fused_takes(int M, int K);
+cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
+                                        const void* bias, void* out, int M, int N, int K, cudaStream_t stream);
 }  // namespace ternop
 
 namespace {
@@ -158,10 +164,25 @@ at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const a
   return out;
 }
 
+at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weight_packed,
+                                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias) {
+  const char* op = "ternop.linear_cuda_mma_a8_fused";
+  const bool takes = x.dim() == 2 && x.size(1) <= INT32_MAX &&
+                     ternop::ternary_mma_a8_fused_takes(static_cast<int>(x.size(0)), static_cast<int>(x.size(1)));
+  TORCH_CHECK(takes, op, ": x ", x.sizes(), " is past the fused quantization's M <= 2 and M * K <= 40960");
+  return run_on_x(op, x, weight_packed, weight_scale, bias, 2, true,
+                  [&](int code, const void* b, void* out, int M, int N, int K) {
+                    return ternop::launch_ternary_mma_a8_fused(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
+                                                               reinterpret_cast<const __half*>(weight_scale.data_ptr()),
+                                                               b, out, M, N, K, stream_of(x));
+                  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda", &linear_cuda);
   m.impl("linear_cuda_mma", &linear_cuda_mma);
   m.impl("linear_cuda_mma_a8", &linear_cuda_mma_a8);
+  m.impl("linear_cuda_mma_a8_fused", &linear_cuda_mma_a8_fused);
 }

@@ -4,7 +4,11 @@
 //   P[m, n, b] = sum_{k in block b} q[m, k] * v[n, k]   (int32, exact)
 //
 // q int8 [M, K] and s_x fp32 [M] come from the per-token quantization of x
-// (ternop/activations.py is the spec); out is in x's dtype. Like ternary_mma.cu, this file
+// (ternop/activations.py is the spec); out is in x's dtype. For M <= kFusedMaxM the kernel can
+// also take x itself (kFused): every CTA then quantizes the rows into shared memory first,
+// with the spec's arithmetic, and the separate quantization launch (the larger part of a
+// decode step's cost at M = 1) disappears. Each CTA re-reads x from L2 (M * K elements), which
+// is why the fused form stops at small M. Like ternary_mma.cu, this file
 // holds only CUDA code, and its structure is that kernel's: a CTA of W warps owns 16 rows,
 // warp w takes a contiguous range of scale blocks with two blocks of weight loads in flight,
 // and warp 0 adds the other warps' fragments in a fixed order (deterministic, no atomics).
@@ -36,6 +40,75 @@ namespace {
 constexpr int kMaxWarpsA8 = 8;
 constexpr int kDepthA8 = 2;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
+constexpr int kFusedMaxM = 2;             // rows the fused quantization takes
+constexpr int kFusedMaxBytes = 40 * 1024;  // its shared int8 copy of x, M * K bytes (with the static
+                                           // shared memory, under the 48 KiB a launch may take unasked)
+
+// The 16-byte vectors of a contiguous row of T, as floats.
+template <typename T>
+struct Vec16 {
+  static constexpr int kN = 16 / sizeof(T);
+  __device__ __forceinline__ static void load(const T* p, float (&f)[kN]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    T v[kN];
+    memcpy(v, &raw, 16);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) f[i] = Fp<T>::to_float(v[i]);
+  }
+};
+
+// Per-token int8 quantization of x [M, K] (ternop/activations.py) by the whole CTA: xq [M, K]
+// in shared memory, s_x[m] = amax / 127. `scratch` holds one float per (warp, row).
+template <typename T>
+__device__ __forceinline__ void quantize_rows_shared(const T* __restrict__ x, int M, int K, int8_t* xq, float* s_x,
+                                                     float (&scratch)[kMaxWarpsA8][kFusedMaxM]) {
+  constexpr int kN = Vec16<T>::kN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int vecs = K / kN;  // K is a multiple of 128, so rows are whole vectors
+  __shared__ float inv_s[kFusedMaxM];
+  for (int m = 0; m < M; ++m) {
+    const T* row = x + static_cast<size_t>(m) * K;
+    float amax = 0.f;
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+      float f[kN];
+      Vec16<T>::load(row + v * kN, f);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) amax = fmaxf(amax, fabsf(f[i]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) scratch[warp][m] = amax;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    const int m = threadIdx.x;
+    float amax = scratch[0][m];
+    for (int w = 1; w < warps; ++w) amax = fmaxf(amax, scratch[w][m]);
+    // IEEE divisions, as the spec (no reciprocal approximation).
+    inv_s[m] = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    s_x[m] = __fdiv_rn(amax, 127.f);
+  }
+  __syncthreads();
+  for (int m = 0; m < M; ++m) {
+    const T* row = x + static_cast<size_t>(m) * K;
+    const float inv = inv_s[m];
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+      float f[kN];
+      Vec16<T>::load(row + v * kN, f);
+      uint32_t words[kN / 4] = {};
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        // Round half to even of the fp32 product, then clamp: torch.round(x * inv).clamp(-127, 127).
+        const int r = min(127, max(-127, __float2int_rn(__fmul_rn(f[i], inv))));
+        words[i / 4] |= (static_cast<uint32_t>(r) & 0xFFu) << (8 * (i % 4));
+      }
+      uint32_t* dst = reinterpret_cast<uint32_t*>(xq + static_cast<size_t>(m) * K + v * kN);
+#pragma unroll
+      for (int w = 0; w < kN / 4; ++w) dst[w] = words[w];
+    }
+  }
+  __syncthreads();
+}
 
 __device__ __forceinline__ uint2 load_stream8_a8(const void* p) {
   // The weights are read exactly once: keep them out of L1, where x lives.
@@ -84,11 +157,16 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
 
 // CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two (ptxas uses 60
 // and 90; at 3 CTAs the two-tile kernel spilled).
-template <typename T, int NT>
+// kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
+template <typename T, int NT, bool kFused>
 __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma_a8_kernel(
-    const int8_t* __restrict__ q, const float* __restrict__ qs, const uint8_t* __restrict__ wp,
-    const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+    const int8_t* __restrict__ q, const float* __restrict__ qs, const T* __restrict__ x,
+    const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
+    int M, int N, int K) {
   __shared__ float red[kMaxWarpsA8 - 1][NT * 4][32];
+  extern __shared__ __align__(16) int8_t xq_shared[];  // kFused: the quantized rows, [M, K]
+  __shared__ float qs_shared[kFusedMaxM];
+  __shared__ float scratch[kMaxWarpsA8][kFusedMaxM];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
@@ -106,12 +184,6 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
   const uint8_t* pw1 = wp + static_cast<size_t>(row1 < N ? row1 : 0) * row_bytes + b_begin * 32 + 8 * qd;
   const __half* ps0 = ws + static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
   const __half* ps1 = ws + static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
-  const int8_t* px[NT];  // token t * 8 + g, this lane's B column: 32 bytes per block
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const int m = t * 8 + g;
-    px[t] = q + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * qd;
-  }
   const uint32_t table = kTable;
 
   float acc[NT][4];
@@ -132,6 +204,16 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
     }
   }
 
+  // The first weight loads are in flight; quantize x meanwhile (kFused).
+  if constexpr (kFused) quantize_rows_shared<T>(x, M, K, xq_shared, qs_shared, scratch);
+  const int8_t* const qbase = kFused ? xq_shared : q;
+  const int8_t* px[NT];  // token t * 8 + g, this lane's B column: 32 bytes per block
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int m = t * 8 + g;
+    px[t] = qbase + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * qd;
+  }
+
   for (int left = count; left > 0; left -= kDepthA8) {
 #pragma unroll
     for (int u = 0; u < kDepthA8; ++u) {
@@ -149,7 +231,14 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const uint4* p = reinterpret_cast<const uint4*>(px[t] + 128 * u);
-        const uint4 lo = __ldg(p), hi = __ldg(p + 1);
+        uint4 lo, hi;
+        if constexpr (kFused) {
+          lo = p[0];  // shared memory
+          hi = p[1];
+        } else {
+          lo = __ldg(p);
+          hi = __ldg(p + 1);
+        }
         xw[t][0] = lo.x; xw[t][1] = lo.y; xw[t][2] = lo.z; xw[t][3] = lo.w;
         xw[t][4] = hi.x; xw[t][5] = hi.y; xw[t][6] = hi.z; xw[t][7] = hi.w;
       }
@@ -204,7 +293,13 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
       const int m = t * 8 + 2 * qd + (r & 1);
       if (n < N && m < M) {
         const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] * qs[m] + bv);
+        float sx;
+        if constexpr (kFused) {
+          sx = qs_shared[m];
+        } else {
+          sx = qs[m];
+        }
+        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] * sx + bv);
       }
     }
 }
@@ -216,16 +311,19 @@ int warps_for_a8(int blocks) {
 }
 
 template <typename T>
-cudaError_t launch_a8_t(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const void* bias,
-                        void* out, int M, int N, int K, cudaStream_t stream) {
+cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
+                        const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 15) / 16);
   const dim3 block(32 * warps_for_a8(K / 128));
-  if (M <= 8) {
-    ternary_mma_a8_kernel<T, 1><<<grid, block, 0, stream>>>(q, qs, wp, ws, bt, ot, M, N, K);
+  if (x != nullptr) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
+    ternary_mma_a8_kernel<T, 1, true><<<grid, block, static_cast<size_t>(M) * K, stream>>>(
+        nullptr, nullptr, x, wp, ws, bt, ot, M, N, K);
+  } else if (M <= 8) {
+    ternary_mma_a8_kernel<T, 1, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, bt, ot, M, N, K);
   } else {
-    ternary_mma_a8_kernel<T, 2><<<grid, block, 0, stream>>>(q, qs, wp, ws, bt, ot, M, N, K);
+    ternary_mma_a8_kernel<T, 2, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, bt, ot, M, N, K);
   }
   return cudaGetLastError();
 }
@@ -244,7 +342,24 @@ cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtyp
                                   cudaStream_t stream) {
   if (!valid_shape(M, ternary_mma_a8_max_m(), N, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
-    return launch_a8_t<decltype(tag)>(q, qs, wp, ws, bias, out, M, N, K, stream);
+    using T = decltype(tag);
+    return launch_a8_t<T>(q, qs, nullptr, wp, ws, bias, out, M, N, K, stream);
+  });
+}
+
+// Whether the fused form takes M rows of K: M <= 2 and M * K <= 40 KiB (its shared copy).
+bool ternary_mma_a8_fused_takes(int M, int K) {
+  return M >= 1 && M <= kFusedMaxM && static_cast<int64_t>(M) * K <= kFusedMaxBytes;
+}
+
+// The same product from x itself: x [M, K] of dtype x_dtype, contiguous and 16-byte aligned,
+// quantized per token inside the kernel exactly as ternop/activations.py says; out in x's dtype.
+cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
+                                        const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
+  if (!valid_shape(M, kFusedMaxM, N, K) || !ternary_mma_a8_fused_takes(M, K)) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/true>(x_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, bias, out, M, N, K, stream);
   });
 }
 
