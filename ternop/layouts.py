@@ -41,6 +41,8 @@ import torch
 from ternop.format import CODES_PER_BYTE, FormatError, codes_to_values, pack_codes, unpack_codes
 
 LAYOUTS = ("v1", "a16", "a8")
+# The integer tag of each layout that the GPU kernels take (0 = v1, 1 = a16, 2 = a8).
+LAYOUT_CODES = {layout: code for code, layout in enumerate(LAYOUTS)}
 
 CODES_PER_WORD = 16
 

@@ -18,8 +18,8 @@ import triton
 
 from ternop.cuda import configs
 from ternop.cuda.triton_fused import fused_a8_kernel, fused_a16_kernel, quant_rows_kernel, split_k_reduce_kernel
+from ternop.layouts import LAYOUT_CODES
 
-LAYOUT_CODES = {"v1": 0, "a16": 1, "a8": 2}
 _REDUCE_BLOCK = 1024
 
 

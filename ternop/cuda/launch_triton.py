@@ -20,8 +20,8 @@ import torch
 import triton
 import torch.nn.functional as F
 
-from ternop.cuda.launch_fused import LAYOUT_CODES
 from ternop.cuda.triton_kernels import ternary_dequant_kernel, ternary_gemm_kernel, ternary_gemv_kernel
+from ternop.layouts import LAYOUT_CODES
 
 
 def launch_gemv(kernel, x, weight_packed, weight_scale, bias, block_n, block_k, num_warps, num_stages):
