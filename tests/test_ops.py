@@ -328,6 +328,8 @@ def test_cuda_op_schemas_and_fake_kernels_exist_without_a_gpu():
     assert y.shape == (5, 64) and y.dtype == torch.float16
     y = torch.ops.ternop.linear_cuda_mma_a8_fused(torch.empty(2, 256, dtype=torch.float32, **meta), w, s)
     assert y.shape == (2, 64) and y.dtype == torch.float32
+    y = torch.ops.ternop.linear_cuda_dequant(torch.empty(700, 256, dtype=torch.float16, **meta), w, s, None, 1)
+    assert y.shape == (700, 64) and y.dtype == torch.float16
     with pytest.raises(RuntimeError, match="does not hold K=128"):
         torch.ops.ternop.linear_cuda(torch.empty(3, 128, **meta), w, s)
     if not torch.cuda.is_available():

@@ -91,7 +91,10 @@ _BIG = 1 << 62
 # - triton_a16 from M = 17 to 128 (0.85x, 0.86x and 0.63x at M = 32, 64, 128), with split-K:
 #   single programs walking all of K were latency-bound (v2 against v1 of the sweep).
 # - dequant_cublas from M = 256 (MIN_M): 0.64x, 0.71x, 0.81x, 0.88x at M = 256..2048,
-#   against 0.50x and below for the fused GEMM, which waits on every MMA.
+#   against 0.50x and below for the fused GEMM, which waits on every MMA. cuda_dequant does the
+#   same work from one C++ op (a CUDA dequantization kernel, then cuBLAS) and goes first: the
+#   Python Triton launch it replaces cost tens of microseconds of host time per eager call
+#   (sweep_fused.json, host_us_per_call), which batches above vLLM's CUDA-graph sizes pay.
 # - triton_a8 for every M above 16: 1.11x at M = 32, 0.98x at 64, 0.76x at 128, 0.6-0.75x above.
 # - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
 #   after the fused kernels and run for what those decline.
@@ -151,7 +154,10 @@ DEFAULT: Table = {
 TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
-MIN_M: dict[str, dict[str, int]] = {"dequant_cublas": {"sm90": 256, "default": 256}}
+MIN_M: dict[str, dict[str, int]] = {
+    "cuda_dequant": {"sm90": 256, "default": 256},
+    "dequant_cublas": {"sm90": 256, "default": 256},
+}
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
 _SM_COUNT_CACHE: dict[int, int] = {}

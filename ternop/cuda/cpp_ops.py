@@ -7,6 +7,8 @@
                                Tensor? bias, ScalarType dtype) -> Tensor
     ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
                                      Tensor? bias=None) -> Tensor
+    ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
+                                int layout) -> Tensor
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
@@ -32,7 +34,11 @@ _lib.define(
     "linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
 )
 
-OPS = ("linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused")
+_lib.define(
+    "linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias, int layout) -> Tensor"
+)
+
+OPS = ("linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant")
 
 
 def _out(rows: torch.Tensor, weight_packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -61,6 +67,11 @@ def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype):
 
 @torch.library.register_fake("ternop::linear_cuda_mma_a8_fused", lib=_lib)
 def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None):
+    return _out(x, weight_packed, x.dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_dequant", lib=_lib)
+def _linear_cuda_dequant_fake(x, weight_packed, weight_scale, bias, layout):
     return _out(x, weight_packed, x.dtype)
 
 

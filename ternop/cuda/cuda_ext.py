@@ -1,7 +1,8 @@
-"""JIT build and load of the CUDA C++ kernels (``ternop::linear_cuda``, ``linear_cuda_mma``, ``linear_cuda_mma_a8``).
+"""JIT build and load of the CUDA C++ kernels (the ``ternop::linear_cuda*`` ops of ``cpp_ops.py``).
 
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
-the reason and the registry skips the ``cuda_gemv``, ``cuda_mma`` and ``cuda_mma_a8`` backends. The build
+the reason and the registry skips the C++ backends (``cuda_gemv``, ``cuda_mma``,
+``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_dequant``). The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
 content of ``csrc/`` (headers included). So another ternop version, or an edited kernel, never
@@ -21,7 +22,13 @@ import torch
 from ternop.cuda.cpp_ops import OPS, has_kernel
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "linear_cuda.cpp", CSRC / "ternary_gemv.cu", CSRC / "ternary_mma.cu", CSRC / "ternary_mma_a8.cu")
+SOURCES = (
+    CSRC / "linear_cuda.cpp",
+    CSRC / "ternary_gemv.cu",
+    CSRC / "ternary_mma.cu",
+    CSRC / "ternary_mma_a8.cu",
+    CSRC / "ternary_dequant.cu",
+)
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"
 

@@ -9,6 +9,7 @@ Order (lower priority first):
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
+| ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
 | ``dequant_cublas`` | Triton dequantization, then cuBLAS; M from its floor up | fp16/bf16/fp32 | all |
 | ``triton_a16`` | fused Triton GEMM, every M above cuda_mma's | fp16/bf16 | all |
 | ``triton_gemm`` / ``triton_gemv`` | the first Triton kernels | fp16/bf16/fp32 | v1 |
@@ -29,6 +30,7 @@ import torch
 
 from ternop import backends
 from ternop.cuda import configs
+from ternop.layouts import LAYOUT_CODES
 
 _modules: dict[str, tuple[object, str]] = {}
 
@@ -144,6 +146,31 @@ def _can_dequant_cublas(call: backends.LinearCall) -> tuple[bool, str]:
     if call.m < floor:
         return False, f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
     return True, ""
+
+
+def _can_cuda_dequant(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a16_only(call) or _common(call)
+    if why:
+        return False, why
+    if not _forced("cuda_dequant"):
+        floor = configs.min_m("cuda_dequant", call.x.device)
+        if call.m < floor:
+            return False, f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
+    # 16-byte code loads; the C++ op takes the weights as stored by a layer (contiguous).
+    if call.weight_packed.data_ptr() % 16 or not call.weight_packed.is_contiguous():
+        return False, "weight_packed must be contiguous and 16-byte aligned"
+    if not call.weight_scale.is_contiguous():
+        return False, "weight_scale must be contiguous"
+    from ternop.cuda import cuda_ext
+
+    ok, why = cuda_ext.load()
+    return ok, why if ok else f"extension not built: {why}"
+
+
+def _run_cuda_dequant(call: backends.LinearCall) -> torch.Tensor:
+    return torch.ops.ternop.linear_cuda_dequant(
+        call.x, call.weight_packed, call.weight_scale, call.bias, LAYOUT_CODES[call.layout]
+    )
 
 
 def _run_dequant(call: backends.LinearCall) -> torch.Tensor:
@@ -300,6 +327,7 @@ BACKENDS = (
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),
     backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16),
+    backends.Backend("cuda_dequant", "cuda", 17, _can_cuda_dequant, _run_cuda_dequant),
     backends.Backend("dequant_cublas", "cuda", 18, _can_dequant_cublas, _run_dequant),
     backends.Backend("triton_gemm", "cuda", 30, _can_triton_v1("triton_gemm"), _run_triton_gemm),
     backends.Backend("triton_gemv", "cuda", 40, _can_triton_v1("triton_gemv"), _run_triton_gemv),

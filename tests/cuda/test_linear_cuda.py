@@ -20,9 +20,12 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BACKENDS = ["cuda_mma", "cuda_gemv", "triton_a16", "dequant_cublas", "triton_gemm", "triton_gemv", "dequant_any"]
+BACKENDS = ["cuda_mma", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm", "triton_gemv",
+            "dequant_any"]  # fmt: skip
 SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
+# Every backend that needs the C++ extension: where nvcc exists, a failed build is a failure.
+EXT_BACKENDS = (*CPP_BACKENDS, "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
 LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_gemv": ("v1",), "triton_gemm": ("v1",), "triton_gemv": ("v1",)}
 
@@ -82,7 +85,7 @@ def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     ternop.linear(x[:1], packed, scale, layout=layout)  # loads the CUDA backends
     backend = backends.get(name)
     ok, why = backend.can_implement(_call(x, packed, scale, None, bits, layout))
-    if ok or name not in (*CPP_BACKENDS, "cuda_mma_a8", "cuda_mma_a8_fused"):
+    if ok or name not in EXT_BACKENDS:
         return
     if "needs sm_80" in why:
         pytest.skip(why)
@@ -110,6 +113,38 @@ def test_linear_cuda_numerics(monkeypatch, name, dtype, layout):
         _force(monkeypatch, name)
         _check(ternop.linear(x, packed, scale, layout=layout), x, v1, scale)
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_cuda_dequant_equals_dequantize_then_f_linear(monkeypatch, layout, dtype):
+    """cuda_dequant writes exactly ternop.dequantize's weights (any layout, every dtype), so its
+    result is bit for bit F.linear on them; strided rows of x and a strided bias included."""
+    for m, k, n in [(1, 128, 64), (300, 1024, 520), (257, 14336, 136), (1000, 384, 1152)]:
+        v1, scale = _weights(n, k, reserved=True)
+        packed = layouts.repack(v1, layout)
+        x = torch.randn(m, 2 * k, device="cuda").to(dtype)[:, :k]
+        bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]
+        _skip_unavailable("cuda_dequant", x, packed, scale, layout=layout)
+        _force(monkeypatch, "cuda_dequant")
+        y = ternop.linear(x, packed, scale, bias, layout=layout)
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+        want = F.linear(x, ternop.dequantize(v1, scale, dtype), bias)
+        assert torch.equal(y, want), (m, k, n, (y.float() - want.float()).abs().max())
+
+
+def test_linear_cuda_dequant_floor_and_dispatch(monkeypatch):
+    """Unforced, cuda_dequant takes M from its floor up and goes before the Triton dequantizer."""
+    monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+    v1, scale = _weights(520, 1024)
+    for m, want in ((16, False), (4096, True)):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        ternop.linear(x[:1], v1, scale)  # loads the CUDA backends
+        _skip_unavailable("cuda_dequant", x, v1, scale)
+        ok, why = backends.get("cuda_dequant").can_implement(_call(x, v1, scale))
+        assert ok == want, why
+        if want:
+            assert backends.select(_call(x, v1, scale)).name == "cuda_dequant"
 
 
 @pytest.mark.parametrize("name", ["cuda_mma", "cuda_gemv", "triton_gemm", "triton_gemv"])

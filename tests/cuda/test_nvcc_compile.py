@@ -17,7 +17,7 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("name", ["ternary_gemv", "ternary_mma", "ternary_mma_a8"])
+@pytest.mark.parametrize("name", ["ternary_gemv", "ternary_mma", "ternary_mma_a8", "ternary_dequant"])
 def test_nvcc_compiles_kernel_for_sm90(tmp_path, name):
     source = CSRC / f"{name}.cu"
     obj = tmp_path / f"{name}.o"

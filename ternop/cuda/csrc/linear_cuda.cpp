@@ -8,6 +8,8 @@
 //                              Tensor? bias, ScalarType dtype) -> Tensor
 //   ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
 //                                    Tensor? bias=None) -> Tensor
+//   ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
+//                               int layout) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -15,8 +17,11 @@
 // fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 op takes
 // x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, and returns
 // [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
-// and quantizes it inside the kernel, with the same result. They allocate only through the
-// caching allocator and launch on the current stream, so they are safe inside CUDA graph capture.
+// and quantizes it inside the kernel, with the same result. linear_cuda_dequant (large M, any M
+// and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
+// 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). They allocate only through
+// the caching allocator and launch on the current stream, so they are safe inside CUDA graph
+// capture.
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -38,6 +43,8 @@ cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtyp
 bool ternary_mma_a8_fused_takes(int M, int K);
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
                                         const void* bias, void* out, int M, int N, int K, cudaStream_t stream);
+cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
+                                   int K, cudaStream_t stream);
 }  // namespace ternop
 
 namespace {
@@ -178,6 +185,24 @@ at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weigh
                   });
 }
 
+at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                               const std::optional<at::Tensor>& bias, int64_t layout) {
+  const char* op = "ternop.linear_cuda_dequant";
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
+  const int code = dtype_code(x.scalar_type());
+  TORCH_CHECK(code >= 0, op, ": x must be float16, bfloat16 or float32, got ", x.scalar_type());
+  TORCH_CHECK(layout >= 0 && layout <= 2, op, ": layout must be 0 (v1), 1 (a16) or 2 (a8), got ", layout);
+  const int64_t K = x.size(1);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor w = at::empty({N, K}, x.options());
+  const cudaError_t err = ternop::launch_ternary_dequant(
+      weight_packed.data_ptr<uint8_t>(), reinterpret_cast<const __half*>(weight_scale.data_ptr()),
+      static_cast<int>(layout), code, w.data_ptr(), static_cast<int>(N), static_cast<int>(K), stream_of(x));
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return at::linear(x, w, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
@@ -185,4 +210,5 @@ TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda_mma", &linear_cuda_mma);
   m.impl("linear_cuda_mma_a8", &linear_cuda_mma_a8);
   m.impl("linear_cuda_mma_a8_fused", &linear_cuda_mma_a8_fused);
+  m.impl("linear_cuda_dequant", &linear_cuda_dequant);
 }

@@ -1,0 +1,95 @@
+// Dense weights from ternary codes, for large M: out [N, K] = value * scale, formed in fp32
+// and rounded once to the output dtype, exactly as ternop.dequantize (ternop/format.py) does,
+// from weights in any layout of ternop/layouts.py (v1, a16, a8).
+//
+// linear_cuda.cpp runs it and then cuBLAS in one C++ op (ternop::linear_cuda_dequant), so a
+// large-M call outside a CUDA graph pays one op dispatch and one launch on the host instead
+// of a Python kernel launch plus F.linear.
+//
+// One thread per 16 bytes of codes: four words, the 64 weights k = 16w .. 16w + 63 of one
+// row (K is a multiple of 128, so four words never straddle a row or a scale block). It
+// decodes them field by field (field p of a word holds weight k_of_field(p) of the word, as
+// the layout says) and writes 64 contiguous outputs with 16-byte stores.
+
+#include "ternary_common.cuh"
+
+namespace ternop {
+
+namespace {
+
+// The layout codes linear_cuda.cpp passes (those of the Triton kernels' LAYOUT).
+enum Layout : int { kV1 = 0, kA16 = 1, kA8 = 2 };
+
+// Which of the word's 16 weights field p holds (ternop/layouts.py, _K_OF_FIELD).
+template <int L>
+__device__ __forceinline__ constexpr int k_of_field(int p) {
+  if (L == kA16) return p < 8 ? 2 * p : 2 * (p - 8) + 1;
+  if (L == kA8) return p < 8 ? 4 * (p % 2) + p / 2 : 8 + 4 * ((p - 8) % 2) + (p - 8) / 2;
+  return p;
+}
+
+// The value of a 2-bit field: a16 holds u = v + 1; v1 and a8 hold the v1 code (0b11 reads as 0).
+template <int L>
+__device__ __forceinline__ float value_of(uint32_t c) {
+  if (L == kA16) return static_cast<float>(static_cast<int>(c) - 1);
+  return static_cast<float>(static_cast<int>(c & 1u) - static_cast<int>(c >> 1));
+}
+
+template <typename T, int L>
+__global__ void __launch_bounds__(256) ternary_dequant_kernel(const uint4* __restrict__ wp,
+                                                              const __half* __restrict__ ws, T* __restrict__ out,
+                                                              int64_t vecs, int words_per_row, int blocks_per_row) {
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v >= vecs) return;
+  const uint4 w4 = __ldg(wp + v);
+  const int64_t w0 = 4 * v;  // first word; out is [N, K] contiguous, so its weights start at 16 * w0
+  const int64_t n = w0 / words_per_row;
+  const int j = static_cast<int>(w0 - n * words_per_row);
+  const float s = __half2float(ws[n * blocks_per_row + j / 8]);
+  const uint32_t words[4] = {w4.x, w4.y, w4.z, w4.w};
+  T* dst = out + 16 * w0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T vals[16];
+#pragma unroll
+    for (int p = 0; p < 16; ++p) vals[k_of_field<L>(p)] = Fp<T>::from_float(value_of<L>((words[i] >> (2 * p)) & 3u) * s);
+    uint4* d = reinterpret_cast<uint4*>(dst + 16 * i);
+#pragma unroll
+    for (int q = 0; q < static_cast<int>(sizeof(vals) / 16); ++q) {
+      uint4 chunk;
+      memcpy(&chunk, reinterpret_cast<const char*>(vals) + 16 * q, 16);
+      d[q] = chunk;
+    }
+  }
+}
+
+template <typename T, int L>
+cudaError_t launch_t(const uint8_t* wp, const __half* ws, T* out, int N, int K, cudaStream_t stream) {
+  const int64_t vecs = static_cast<int64_t>(N) * (K / 64);
+  const int64_t grid = (vecs + 255) / 256;
+  if (grid > INT32_MAX) return cudaErrorInvalidValue;
+  ternary_dequant_kernel<T, L><<<static_cast<unsigned>(grid), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(wp), ws, out, vecs, K / 16, K / 128);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// wp: uint8 [N, K/4] in `layout` (kV1, kA16 or kA8), contiguous and 16-byte aligned; ws: fp16
+// [N, K/128] contiguous; out: [N, K] contiguous of dtype out_dtype (kFloat16, kBFloat16 or
+// kFloat32). K a positive multiple of 128.
+cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
+                                   int K, cudaStream_t stream) {
+  if (N < 1 || K < 128 || K % 128 != 0 || layout < kV1 || layout > kA8) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out);
+    switch (layout) {
+      case kA16: return launch_t<T, kA16>(wp, ws, o, N, K, stream);
+      case kA8: return launch_t<T, kA8>(wp, ws, o, N, K, stream);
+      default: return launch_t<T, kV1>(wp, ws, o, N, K, stream);
+    }
+  });
+}
+
+}  // namespace ternop
