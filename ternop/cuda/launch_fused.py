@@ -34,12 +34,13 @@ def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch
     return (tiles, splits), splits, out, ws
 
 
-def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int) -> None:
+def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int, row_scale=None) -> None:
     m, n = out.shape
     split_k_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-        ws, bias if bias is not None else out, out, m, n,
+        ws, row_scale if row_scale is not None else ws, bias if bias is not None else out, out, m, n,
         bias.stride(0) if bias is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=_REDUCE_BLOCK, num_warps=4,
+        HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=_REDUCE_BLOCK,
+        num_warps=4,
     )
 
 
@@ -110,5 +111,5 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
         num_stages=config.num_stages,
     )
     if splits > 1:
-        _reduce(ws, bias, out, splits)
+        _reduce(ws, bias, out, splits, qs)
     return out

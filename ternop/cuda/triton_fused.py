@@ -166,14 +166,18 @@ def fused_a8_kernel(
         q_ptrs += 128 * SPLIT_K
         w_ptrs += 8 * SPLIT_K
         s_ptrs += SPLIT_K
-    acc = tl.trans(acc * tl.load(qs_ptr + rows_x)[None, :])
-    _store_tile(acc, b_ptr, out_ptr, ws_ptr, offs_m, offs_n, M, N, stride_b, stride_om, HAS_BIAS, SPLIT_K)
+    if SPLIT_K == 1:
+        acc = acc * tl.load(qs_ptr + rows_x)[None, :]
+    # Split-K: the token scale multiplies the sum of the slices, in split_k_reduce_kernel, so that
+    # it rounds once, after the block terms, as the spec says.
+    _store_tile(tl.trans(acc), b_ptr, out_ptr, ws_ptr, offs_m, offs_n, M, N, stride_b, stride_om, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
-def split_k_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
-                          HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """out[m, n] = sum_s ws[s, m, n] (+ bias[n]), in a fixed order (deterministic)."""
+def split_k_reduce_kernel(ws_ptr, rs_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
+                          HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """out[m, n] = sum_s ws[s, m, n] (* rs[m]) (+ bias[n]), in a fixed order (deterministic)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -181,6 +185,8 @@ def split_k_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
         acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
     m = offs // N
     n = offs % N
+    if HAS_ROW_SCALE:
+        acc = acc * tl.load(rs_ptr + m, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n * stride_b, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)

@@ -131,6 +131,16 @@ def check_fused() -> bool:
         q, s = launch_fused.quantize_rows(x)
         q_np, s_np = quantize_rows_np(x)
         q_ok &= bool((q.numpy() == q_np).all() and (s.numpy() == s_np).all())
+    # With one power-of-two scale and fp32 x every step after the int32 partials is exact, so a
+    # split-K launch must equal the CPU reference bit for bit: the token scale multiplies the
+    # sum of the slices once, as the spec says.
+    packed = layouts.repack(random_packed(24, 1024)[0], "a8")
+    scale = torch.full((24, 8), 2.0**-6, dtype=torch.float16)
+    x = torch.randn(3, 1024)
+    y = launch_fused.linear_a8(x, packed, scale, None, "a8", C(16, 16, max_split_k=4))
+    exact = torch.equal(y, ternop.linear(x, packed, scale, activation_bits=8, layout="a8"))
+    print(f"fused a8 split-K: bit for bit {'ok' if exact else 'FAIL'}")
+    ok &= exact
     # Rows longer than one block are read twice (absmax, then rounding).
     from ternop.cuda.triton_fused import quant_rows_kernel
 
