@@ -6,10 +6,13 @@
 // large-M call outside a CUDA graph pays one op dispatch and one launch on the host instead
 // of a Python kernel launch plus F.linear.
 //
-// One thread per 16 bytes of codes: four words, the 64 weights k = 16w .. 16w + 63 of one
-// row (K is a multiple of 128, so four words never straddle a row or a scale block). It
-// decodes them field by field (field p of a word holds weight k_of_field(p) of the word, as
-// the layout says) and writes 64 contiguous outputs with 16-byte stores.
+// One thread per 32-bit word (16 weights of one row; a row is K / 16 words, and the dense row
+// is 16 elements per word in the same order). Each thread decodes its word field by field
+// with compile-time shifts (field p holds weight k_of_field(p) of the word, as the layout
+// says) into its warp's slice of shared memory; the warp then writes its 32 words' outputs
+// with consecutive 16-byte stores, so every store instruction fills whole 32-byte sectors.
+// (Each thread writing its own outputs straight to memory left half-written sectors in every
+// store instruction, and ran at a fraction of the bandwidth.)
 
 #include "ternary_common.cuh"
 
@@ -35,41 +38,52 @@ __device__ __forceinline__ float value_of(uint32_t c) {
   return static_cast<float>(static_cast<int>(c & 1u) - static_cast<int>(c >> 1));
 }
 
+constexpr int kWarps = 8;
+
 template <typename T, int L>
-__global__ void __launch_bounds__(256) ternary_dequant_kernel(const uint4* __restrict__ wp,
-                                                              const __half* __restrict__ ws, T* __restrict__ out,
-                                                              int64_t vecs, int words_per_row, int blocks_per_row) {
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= vecs) return;
-  const uint4 w4 = __ldg(wp + v);
-  const int64_t w0 = 4 * v;  // first word; out is [N, K] contiguous, so its weights start at 16 * w0
-  const int64_t n = w0 / words_per_row;
-  const int j = static_cast<int>(w0 - n * words_per_row);
-  const float s = __half2float(ws[n * blocks_per_row + j / 8]);
-  const uint32_t words[4] = {w4.x, w4.y, w4.z, w4.w};
-  T* dst = out + 16 * w0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
+__global__ void __launch_bounds__(kWarps * 32) ternary_dequant_kernel(const uint32_t* __restrict__ wp,
+                                                                     const __half* __restrict__ ws,
+                                                                     T* __restrict__ out, int64_t words,
+                                                                     int words_per_row, int blocks_per_row) {
+  constexpr int kWordBytes = 16 * sizeof(T);  // one word's outputs: 32 bytes (fp16/bf16) or 64 (fp32)
+  __shared__ __align__(16) unsigned char stage[kWarps][32 * kWordBytes];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t first = w - lane;  // the warp's first word
+  if (w < words) {
+    const uint32_t word = __ldg(wp + w);
+    const int64_t n = w / words_per_row;
+    const int j = static_cast<int>(w - n * words_per_row);
+    const float s = __half2float(ws[n * blocks_per_row + j / 8]);
     T vals[16];
 #pragma unroll
-    for (int p = 0; p < 16; ++p) vals[k_of_field<L>(p)] = Fp<T>::from_float(value_of<L>((words[i] >> (2 * p)) & 3u) * s);
-    uint4* d = reinterpret_cast<uint4*>(dst + 16 * i);
+    for (int p = 0; p < 16; ++p) vals[k_of_field<L>(p)] = Fp<T>::from_float(value_of<L>((word >> (2 * p)) & 3u) * s);
+    uint4* dst = reinterpret_cast<uint4*>(stage[warp] + lane * kWordBytes);
 #pragma unroll
-    for (int q = 0; q < static_cast<int>(sizeof(vals) / 16); ++q) {
+    for (int q = 0; q < kWordBytes / 16; ++q) {
       uint4 chunk;
       memcpy(&chunk, reinterpret_cast<const char*>(vals) + 16 * q, 16);
-      d[q] = chunk;
+      dst[q] = chunk;
     }
+  }
+  __syncwarp();
+  const int64_t left = words - first;
+  const int valid = static_cast<int>(left < 32 ? left : 32);
+  const uint4* src = reinterpret_cast<const uint4*>(stage[warp]);
+  uint4* o = reinterpret_cast<uint4*>(out + 16 * first);
+#pragma unroll
+  for (int c = lane; c < 32 * kWordBytes / 16; c += 32) {
+    if (c * 16 / kWordBytes < valid) o[c] = src[c];
   }
 }
 
 template <typename T, int L>
 cudaError_t launch_t(const uint8_t* wp, const __half* ws, T* out, int N, int K, cudaStream_t stream) {
-  const int64_t vecs = static_cast<int64_t>(N) * (K / 64);
-  const int64_t grid = (vecs + 255) / 256;
+  const int64_t words = static_cast<int64_t>(N) * (K / 16);
+  const int64_t grid = (words + kWarps * 32 - 1) / (kWarps * 32);
   if (grid > INT32_MAX) return cudaErrorInvalidValue;
-  ternary_dequant_kernel<T, L><<<static_cast<unsigned>(grid), 256, 0, stream>>>(
-      reinterpret_cast<const uint4*>(wp), ws, out, vecs, K / 16, K / 128);
+  ternary_dequant_kernel<T, L><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(
+      reinterpret_cast<const uint32_t*>(wp), ws, out, words, K / 16, K / 128);
   return cudaGetLastError();
 }
 
