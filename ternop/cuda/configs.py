@@ -84,9 +84,11 @@ _BIG = 1 << 62
 # shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
 # - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
 #   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels.
-# - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8: the same kernel quantizing x itself,
-#   which saves the quantization launch (about 2 us per layer at M = 1, sweep_fused_v2.json:
-#   cuda_mma_a8 without it against with it).
+# - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8 where M * N * K <= 2^25 (registry.py): the
+#   same kernel quantizing x itself, one launch instead of two. bench_linear at c4e4123 on the
+#   H200, M = 1: 0.4-0.9 us faster on the 0.6B shapes and 4096 x 4096 (against cuBLAS bf16,
+#   1.21x -> 1.44x on 1024 -> 4096, 2.83x -> 3.52x on 2048 -> 1024); slower on the wider 8B
+#   shapes, where N / 16 CTAs each re-read x.
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
 # - triton_a16 from M = 17 to 128 (0.85x, 0.86x and 0.63x at M = 32, 64, 128), with split-K:
 #   single programs walking all of K were latency-bound (v2 against v1 of the sweep).

@@ -42,6 +42,10 @@ CUDA_MMA_MAX_M = 16
 # The fused quantization of ternary_mma_a8.cu keeps x's int8 rows in shared memory.
 CUDA_MMA_A8_FUSED_MAX_M = 2
 CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024
+# Every CTA (16 weight rows) re-reads x, M * K elements: N / 16 * M * K in all. Past
+# M * N * K = 2^25 that costs more than the quantization launch it saves (bench_linear on the
+# H200: 0.4-0.9 us faster up to 4096 x 4096 at M = 1, 0.6-3 us slower on 4096 -> 14336 and wider).
+CUDA_MMA_A8_FUSED_MAX_MNK = 1 << 25
 TENSOR_CORE_MIN_CAPABILITY = (8, 0)
 FLOAT16 = (torch.float16, torch.bfloat16)
 
@@ -287,6 +291,9 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
     if call.m > CUDA_MMA_A8_FUSED_MAX_M or call.m * call.k > CUDA_MMA_A8_FUSED_MAX_BYTES:
         return False, (f"M={call.m}, K={call.k}: the fused quantization takes M <= {CUDA_MMA_A8_FUSED_MAX_M} "
                        f"and M * K <= {CUDA_MMA_A8_FUSED_MAX_BYTES}")  # fmt: skip
+    if call.m * call.n * call.k > CUDA_MMA_A8_FUSED_MAX_MNK and not _forced("cuda_mma_a8_fused"):
+        return False, (f"M * N * K = {call.m * call.n * call.k} is above {CUDA_MMA_A8_FUSED_MAX_MNK}, where every "
+                       "CTA re-reading x costs more than the quantization launch")  # fmt: skip
     config, why = configs.lookup("cuda_mma_a8_fused", call.m, call.x.device, _forced("cuda_mma_a8_fused"))
     if config is None:
         return False, why
