@@ -1,7 +1,19 @@
 """The one place that knows how vLLM 0.26 and 0.32 differ, for the parts the plugin uses.
 
-Both versions provide the same quantization-config and parameter classes; the differences
-handled here are where a helper lives or whether it exists at all.
+Both versions provide the same quantization-config and parameter classes, linear layers, Llama
+and Qwen3 layers, RMSNorm, LM head, logits processor, pooling adapter and model registry, with
+the same signatures. The differences, each found by feature, not by version number:
+
+- opting a linear method into ``weight_loader_v2``: a decorator (0.32) or a list of names (0.26),
+  :func:`register_weight_loader_v2`;
+- the skip list's view of a model's weight mapper: ``get_rename_mapper`` (0.32) or
+  ``get_unstacked_mapper`` (0.26), :func:`rename_mapper`;
+- ``Qwen3Model`` takes its decoder layer from a ``decoder_layer_type`` class attribute in 0.32
+  but hard-codes it in 0.26; ``Qwen2Model.__init__`` takes it as an argument in both, so the
+  BitNet-style Qwen3 builds its stack through that (``bitnet_qwen3.ProjectionNormQwen3Model``);
+- a checkpoint that holds ``lm_head.weight`` beside tied embeddings: 0.32's weight loader skips
+  the alias by itself (and has no ``skip_prefixes``), 0.26's needs ``skip_prefixes=["lm_head."]``,
+  as vLLM's own models pass it there (:func:`weights_loader`).
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ __all__ = [
     "VLLM_VERSION",
     "register_quantization_config",
     "register_weight_loader_v2",
+    "rename_mapper",
+    "weights_loader",
 ]
 
 
@@ -47,6 +61,30 @@ def register_weight_loader_v2(cls: type) -> type:
 
 
 def rename_mapper(mapper):
-    """The renaming part of an hf->vLLM WeightsMapper (0.32 splits it out; 0.26 passes it whole)."""
-    get = getattr(mapper, "get_rename_mapper", None)
-    return get() if get is not None else mapper
+    """The renaming part of an hf->vLLM WeightsMapper, without the fusing of q/k/v or gate/up.
+
+    vLLM already hands a quantization config that part; taking it again is a no-op and keeps
+    a whole mapper (with stacked names) from renaming ``q_proj`` to ``qkv_proj`` in the skip list.
+    """
+    for name in ("get_rename_mapper", "get_unstacked_mapper"):
+        get = getattr(mapper, name, None)
+        if get is not None:
+            return get()
+    return mapper
+
+
+def weights_loader(model, config):
+    """vLLM's ``AutoWeightsLoader`` for ``model``; with tied embeddings it skips a checkpoint's ``lm_head.*``.
+
+    0.32's loader knows tied parameters by itself and no longer takes ``skip_prefixes``; 0.26's
+    takes it, and without it fails on an ``lm_head.weight`` that the model does not hold.
+    """
+    import inspect
+
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    kwargs = {}
+    takes_skip = "skip_prefixes" in inspect.signature(AutoWeightsLoader).parameters
+    if takes_skip and getattr(config, "tie_word_embeddings", False):
+        kwargs["skip_prefixes"] = ["lm_head."]
+    return AutoWeightsLoader(model, **kwargs)

@@ -25,9 +25,11 @@ from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelL
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.models.adapters import as_embedding_model
+from vllm.model_executor.models.qwen2 import Qwen2Model
 from vllm.model_executor.models.qwen3 import Qwen3Attention, Qwen3Model
-from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
+from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
+from ternop.vllm_plugin._compat import weights_loader
 from ternop.vllm_plugin.bitnet import ShardedRMSNorm, check_ternary
 
 PROJECTION_NORM_KEY = "ternop_projection_norm_eps"
@@ -125,8 +127,12 @@ class ProjectionNormDecoderLayer(nn.Module):
 class ProjectionNormQwen3Model(Qwen3Model):
     """vLLM's Qwen3 stack with :class:`ProjectionNormDecoderLayer`; checkpoint names load as they are (no fusing)."""
 
-    decoder_layer_type = ProjectionNormDecoderLayer
     hf_to_vllm_mapper = WeightsMapper()
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        # Qwen3Model's own __init__ names its decoder layer (a class attribute in newer vLLM, fixed in
+        # older ones); the Qwen2Model constructor it calls takes the layer type in both (_compat).
+        Qwen2Model.__init__(self, vllm_config=vllm_config, prefix=prefix, decoder_layer_type=ProjectionNormDecoderLayer)
 
 
 class BitNetQwen3ForCausalLM(nn.Module):
@@ -159,7 +165,7 @@ class BitNetQwen3ForCausalLM(nn.Module):
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights):
-        return AutoWeightsLoader(self).load_weights(weights)
+        return weights_loader(self, self.config).load_weights(weights)
 
 
 BitNetQwen3Model = as_embedding_model(BitNetQwen3ForCausalLM)

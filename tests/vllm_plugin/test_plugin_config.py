@@ -65,6 +65,30 @@ def test_skip_list_matches_fused_and_prefixed_names():
         partial.is_skipped("model.layers.0.self_attn.qkv_proj")
 
 
+def test_skip_list_mapper_keeps_part_names_in_either_vllm():
+    """The skip list takes the mapper's renames only, whichever method this vLLM names them with:
+    ``get_rename_mapper`` (0.32) or ``get_unstacked_mapper`` (0.26); fused names never replace part names."""
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    from ternop.vllm_plugin._compat import rename_mapper
+
+    whole = WeightsMapper(orig_to_new_prefix={"layers.": "model.layers."},
+                          orig_to_new_stacked={".q_proj": (".qkv_proj", "q")})  # fmt: skip
+    assert rename_mapper(whole).apply_list(["layers.0.self_attn.q_proj"]) == ["model.layers.0.self_attn.q_proj"]
+
+    class Older:  # only the 0.26 name
+        def get_unstacked_mapper(self):
+            return "renames"
+
+    class Newer:  # only the 0.32 name
+        def get_rename_mapper(self):
+            return "renames"
+
+    assert rename_mapper(Older()) == rename_mapper(Newer()) == "renames"
+    plain = object()
+    assert rename_mapper(plain) is plain
+
+
 def test_get_quant_method_per_layer_kind():
     cfg = TernaryConfig(modules_to_not_convert=["layers.0.mlp.down_proj"])
     with simulated_rank(0, 1):
