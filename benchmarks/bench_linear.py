@@ -174,6 +174,8 @@ def run_bench(args, save=None) -> dict:
     results = []
     for family, shapes in SHAPES.items():
         for k, n in shapes:
+            if args.shapes and (k, n) not in args.shapes:
+                continue
             tern_bytes = n * k // 4 + 2 * n * (k // 128)
             base = make_weights(k, n, copies_for(tern_bytes))
             tern = {lay: [(layouts.repack(p, lay), s) for p, s in base] for lay in ("a16", "a8")}
@@ -238,10 +240,21 @@ def _triton_version():
         return None
 
 
+def _shape_list(text: str) -> list[tuple[int, int]]:
+    shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+    known = {shape for family in SHAPES.values() for shape in family}
+    unknown = [f"{k}x{n}" for k, n in shapes if (k, n) not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"not a benchmark shape: {', '.join(unknown)}")
+    return shapes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/bench_linear.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
+    parser.add_argument("--shapes", type=_shape_list, default=None,
+                        help="only these K->N shapes, e.g. 4096x14336,1024x4096 (default: all)")
     parser.add_argument("--no-marlin", dest="marlin", action="store_false",
                         help="leave out vLLM's Marlin W4A16 row (it is left out by itself when vLLM is absent)")
     args = parser.parse_args(argv)
