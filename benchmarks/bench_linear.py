@@ -143,8 +143,8 @@ def impls(x, tern, dense, marlin=None):
         "ternop_a8": (lambda i: ternop.linear(x, *a8[i % len(a8)], activation_bits=8, layout="a8"), len(a8)),
     }
     if marlin is not None:
-        call, copies = marlin
-        res["marlin_w4a16"] = (lambda i: call(x, i), copies)
+        marlin_call, copies = marlin
+        res["marlin_w4a16"] = (lambda i: marlin_call(x, i), copies)
     for b in backends.available("cuda"):
         for bits, layout in ((16, "a16"), (16, "v1"), (8, "a8")):
             w = tern[layout]
