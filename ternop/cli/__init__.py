@@ -68,8 +68,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that carry a message for the user, not a bug report."""
     from ternop.cli.evaldata import EvalDataError
+    from ternop.cli.wordnet import WordNetMissing
 
-    return (ValueError, OSError, EvalDataError)
+    return (ValueError, OSError, EvalDataError, WordNetMissing)
 
 
 def main(argv: list[str] | None = None) -> int:

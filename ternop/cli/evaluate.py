@@ -53,11 +53,6 @@ DEFAULT_GATES = {
     },
 }
 
-# ----------------------------------------------------------------------------------------
-# Models
-# ----------------------------------------------------------------------------------------
-
-
 def embed_hf_model(model_dir, texts, dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
     """Embeds ``texts`` through transformers (ternary layers via ternop's HF quantizer) -> (float32 [N, D], {})."""
     from ternop.hf import embed_texts
@@ -105,20 +100,13 @@ def _vllm_worker(job_path: str, out_path: str) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------------------
-# Metrics
-# ----------------------------------------------------------------------------------------
-
-
 def embedding_report(base, quant, backend: str, dtype: str, eager: bool, log_path,
-                     runs: list[tuple[str, int | None]] = (("ternary", None),)) -> dict:  # fmt: skip
-    """Embeds the evaluation texts with the base model and each ternary run ``(role, activation_bits)``."""
+                     runs: list[tuple[str, int | None]] = (("ternary", None),), heldout: bool = True) -> dict:  # fmt: skip
+    """Embeds the evaluation texts (visible, and the held-out split) with the base model and each ternary run."""
     from ternop.cli import evaldata
 
-    lee_docs, _ = evaldata.lee50()
-    queries, docs = evaldata.wiki_retrieval()
-    texts = lee_docs + queries + docs
-    n_lee, n_q = len(lee_docs), len(queries)
+    suite = evaldata.suite(heldout)
+    texts, nv = suite.texts, suite.n_visible
     models, memory, emb = {}, {}, {}
     for role, path, bits in [("base", base, None), *((role, quant, bits) for role, bits in runs)]:
         t0 = time.monotonic()
@@ -130,15 +118,17 @@ def embedding_report(base, quant, backend: str, dtype: str, eager: bool, log_pat
             else:
                 emb[role], mem = embed_hf_model(folder, texts, getattr(torch, dtype))
         _say(f"  done in {time.monotonic() - t0:.1f} s")
-        retrieval = evaldata.retrieval_metrics(emb[role][n_lee : n_lee + n_q], emb[role][n_lee + n_q :])
-        models[role] = {"lee50_spearman": evaldata.lee50_spearman(emb[role][:n_lee]),
-                        **{f"wiki_{k}": v for k, v in retrieval.items()}}  # fmt: skip
+        models[role] = suite.score(emb[role])
         memory.setdefault("ternary" if role.startswith("ternary") else role, mem)
-    agreement = {"n_texts": len(texts)}
+    agreement = {"n_texts": nv, "n_heldout_texts": len(texts) - nv}
     for role, _ in runs:
-        agreement.update(_cosines(role_prefix(role), emb[role], emb["base"]))
+        p = role_prefix(role)
+        # Visible texts keep the names they always had; the held-out ones get their own.
+        agreement.update(_cosines(p, emb[role][:nv], emb["base"][:nv]))
+        if len(texts) > nv:
+            agreement.update(_cosines(f"{p}heldout_", emb[role][nv:], emb["base"][nv:]))
         if role != "ternary":
-            agreement.update(_cosines(f"{role_prefix(role)}vs_a16_", emb[role], emb["ternary"]))
+            agreement.update(_cosines(f"{p}vs_a16_", emb[role], emb["ternary"]))
     return {"kind": "embedding", "models": models, "agreement": agreement, "memory": memory}
 
 
@@ -246,11 +236,6 @@ def check_gates(values: dict[str, float], gates: dict) -> list[str]:
     return failures
 
 
-# ----------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------
-
-
 def format_table(report: dict) -> str:
     roles = [r for r in report["models"] if r != "base"]  # "ternary", then "ternary_a8" with --activations both
     bits = [report.get("activation_bits", {}).get(r, 16) for r in roles]
@@ -258,15 +243,18 @@ def format_table(report: dict) -> str:
     models, ag = report["models"], report["agreement"]
     rows = [("metric", "base", *heads)]
     labels = {"lee50_spearman": "Lee-50 Spearman", "wiki_r1": "wiki R@1", "wiki_r10": "wiki R@10",
-              "wiki_mrr": "wiki MRR", "perplexity": "wiki perplexity", "tokens": "tokens scored"}
+              "wiki_mrr": "wiki MRR", "perplexity": "wiki perplexity", "tokens": "tokens scored",
+              "heldout_passage_mrr": "held-out passages MRR", "heldout_short_mrr": "held-out short queries MRR",
+              "heldout_simlex_spearman": "held-out SimLex-999", "heldout_wordsim_spearman": "held-out WordSim-353"}
     for key, text in labels.items():
         if key in models["base"]:
             rows.append((text, *(_fmt(models[r][key]) for r in ["base", *roles])))
     pairs = {"embedding": [(f"cosine to base, {s}", f"{s}_cosine") for s in ("mean", "min")],
              "causal": [("same top token as base", "top1_agreement")]}[report["kind"]]  # fmt: skip
-    for text, key in pairs:
+    held = [(f"held-out cosine to base, {s}", f"heldout_{s}_cosine") for s in ("mean", "min") if f"heldout_{s}_cosine" in ag]
+    for text, key in pairs + held:
         rows.append((text, "1", *(_fmt(ag[role_prefix(r) + key]) for r in roles)))
-    for r in roles[1:]:  # the A8 run against the A16 run of the same weights
+    for r in roles[1:]:  # the A8 run against the A16 run of the same weights (every text)
         for text, key in pairs:
             rows.append((text.replace("base", "A16"), "-", "1", f"{ag[f'{role_prefix(r)}vs_a16_{key}']:.4f}"))
     mem = report["memory"]
@@ -320,11 +308,6 @@ def load_gates(kind: str, path: str | None, mins: list[str], maxs: list[str]) ->
     return gates
 
 
-# ----------------------------------------------------------------------------------------
-# The subcommand
-# ----------------------------------------------------------------------------------------
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("base", metavar="BASE", help="the fp model folder the checkpoint was made from")
     parser.add_argument("quant", metavar="QUANT", help="the ternary v1 checkpoint")
@@ -337,6 +320,8 @@ def add_arguments(parser) -> None:
                         help="the mode the ternary weights run in: the checkpoint's activation_bits, fp (16), int8 (8), "
                              "or both (A16 and A8 on the same weights, with the cosine between them)")
     parser.add_argument("--compile", action="store_true", help="vLLM: compile the model instead of running eager")
+    parser.add_argument("--no-heldout", dest="heldout", action="store_false",
+                        help="embedding models: score the visible sets only (Lee-50, wiki retrieval), not the held-out split")
     parser.add_argument("--max-tokens", type=int, default=8192, help="causal LMs: tokens scored for perplexity")
     parser.add_argument("--gate", action="store_true", help="exit 1 when a metric is outside its threshold")
     parser.add_argument("--thresholds", metavar="FILE", default=None,
@@ -372,7 +357,8 @@ def main(args) -> int:
     backend = args.backend if kind == "embedding" else "hf"
     t0 = time.monotonic()
     if kind == "embedding":
-        report = embedding_report(args.base, args.quant, backend, args.dtype, not args.compile, log, runs)
+        report = embedding_report(args.base, args.quant, backend, args.dtype, not args.compile, log, runs,
+                                  heldout=args.heldout)  # fmt: skip
     else:
         report = causal_report(args.base, args.quant, args.dtype, args.max_tokens, runs)
     report["activation_bits"] = dict(runs)

