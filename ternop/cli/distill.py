@@ -11,13 +11,14 @@ import sys
 from dataclasses import fields
 
 from ternop.cli.modes import ACTIVATIONS, bits_of
+from ternop.quant.batches import check_mix
 from ternop.quant.distill import DistillConfig
 
 
 def read_texts(data: str) -> list[str]:
     """The training texts: ``builtin`` (disjoint from the evaluation sets) or a file, one text per line."""
     if data == "builtin":
-        from ternop.cli.evaldata import training_texts
+        from ternop.cli.traindata import training_texts
 
         return training_texts()
     from ternop.quant.calibrate import read_calibration_text
@@ -30,15 +31,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", help="fp Hugging Face embedding model folder (the teacher and the start)")
     parser.add_argument("dst", help="output folder for the ternary v1 checkpoint (must not exist or be empty)")
     parser.add_argument("--data", default="builtin",
-                        help="training text file, one text per line; 'builtin' = ternop.cli.evaldata.training_texts() "
-                             "(disjoint from the evaluation sets)")
+                        help="training text file, one text per line; 'builtin' = ternop.cli.traindata.training_texts() "
+                             "(news, Wikipedia, WordNet and Python-docs text, disjoint from every evaluation set)")
     parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="texts per step")
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per text at most")
     parser.add_argument("--lr", type=float, default=d.lr, help="learning rate of latent weights, biases, norms")
     parser.add_argument("--lr-scale", type=float, default=d.lr_scale, help="learning rate of the block scales")
+    parser.add_argument("--cos-weight", type=float, default=d.cos_weight,
+                        help="weight of 1 - cos between the student's and the teacher's pooled embeddings")
+    parser.add_argument("--rel-weight", type=float, default=d.rel_weight,
+                        help="weight of in-batch relational distillation (the teacher's similarity matrix)")
+    parser.add_argument("--rel-temp", type=float, default=d.rel_temp,
+                        help="relational term: softmax temperature of the KL form; 0 = MSE of the cosines")
     parser.add_argument("--hidden-weight", type=float, default=d.hidden_weight,
-                        help="weight of the hidden-state MSE term (0 = embedding cosine only)")
+                        help="weight of the hidden-state MSE term (0 = embedding terms only)")
+    parser.add_argument("--hidden-layers", choices=["last", "all"], default=d.hidden_layers,
+                        help="hidden-state term on the last layer's output or the mean over every layer's")
+    parser.add_argument("--mix", default=None, metavar="W,S,L",
+                        help="length mix: probabilities of a step drawing single words/phrases (<= 3 words, "
+                             "4x --batch-size texts), short texts (4-30 words, 2x) or long ones; default: "
+                             "--batch-size texts sampled from all texts alike")
+    parser.add_argument("--schedule", choices=["linear", "cosine", "constant"], default=d.schedule,
+                        help="learning-rate decay after the warm-up (to 5%% of the peak)")
+    parser.add_argument("--warmup", type=int, default=d.warmup, help="steps of linear learning-rate warm-up")
+    parser.add_argument("--export-every", type=int, default=d.export_every, metavar="N",
+                        help="also write the student as a v1 checkpoint DST.step<N> every N steps (0 = never)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="end training so that the run (loading and calibration included) takes about SECONDS "
+                             "plus the export: the schedule is shortened to the steps that fit (not reproducible)")
+    parser.add_argument("--log", default=None, metavar="FILE",
+                        help="append one JSON line every --log-every steps: loss terms (averaged), lr, seconds")
+    parser.add_argument("--log-every", type=int, default=d.log_every, metavar="N", help="steps per --log line")
     parser.add_argument("--init", choices=["calibrated", "optimal", "absmean"], default=d.init,
                         help="how the student's codes and scales start")
     parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens, help="calibration tokens for --init calibrated")
@@ -60,10 +84,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")  # fmt: skip
 
 
+def parse_mix(text: str | None) -> tuple[float, float, float] | None:
+    """``"W,S,L"`` -> three floats (word, short, long); None stays None."""
+    if text is None:
+        return None
+    try:
+        return check_mix(text.split(","))
+    except ValueError:
+        raise ValueError(f"--mix expects three probabilities W,S,L >= 0 with a positive sum, got {text!r}") from None
+
+
+def _bad_number(args: argparse.Namespace) -> str | None:
+    for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
+                             ("--save-every", args.save_every, 1), ("--log-every", args.log_every, 1),
+                             ("--warmup", args.warmup, 0), ("--export-every", args.export_every, 0)):  # fmt: skip
+        if value < low:
+            return f"{flag} must be >= {low}, got {value}"
+    if args.time_limit is not None and args.time_limit <= 0:
+        return f"--time-limit must be > 0 seconds, got {args.time_limit}"
+    return None
+
+
 def config_from_args(args: argparse.Namespace) -> DistillConfig:
     known = {f.name for f in fields(DistillConfig)}
     values = {k: v for k, v in vars(args).items() if k in known}
     values["skip"] = tuple(args.skip)
+    values["mix"] = parse_mix(args.mix)
     values["overwrite"] = args.force
     values["activation_bits"] = bits_of(getattr(args, "activations", "fp"))
     return DistillConfig(**values)
@@ -73,14 +119,15 @@ def main(args: argparse.Namespace) -> int:
     from ternop.checkpoint import check_destination, model_folder, safetensors_files
     from ternop.quant.distill import default_state_path, run
 
-    if args.steps < 1:
-        print(f"ternop distill: error: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+    bad = _bad_number(args)
+    if bad:
+        print(f"ternop distill: error: {bad}", file=sys.stderr)
         return 2
     # Every check that needs no model runs first: a mistake costs seconds, not a training run.
     safetensors_files(model_folder(args.base))
     check_destination(args.base, args.dst, args.force)
-    texts = read_texts(args.data)
     cfg = config_from_args(args)
+    texts = read_texts(args.data)
     state = args.state or default_state_path(args.dst)
     if not args.quiet:
         print(f"ternop distill: resumable state in {state}" + ("" if args.keep_state else " (removed when done)"),
@@ -90,6 +137,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"stopped at step {summary['steps']} of {args.steps}; state in {summary['state']}; "
               "continue with --resume")  # fmt: skip
         return 0
-    print(f"distilled {summary['steps']} steps in {summary['seconds']:.0f} s "
+    limited = " (shortened by --time-limit)" if summary.get("time_limited") else ""
+    print(f"distilled {summary['steps']} steps{limited} in {summary['seconds']:.0f} s "
           f"(last batch cosine {summary.get('cos', float('nan')):.4f}) -> {args.dst}")  # fmt: skip
     return 0

@@ -7,20 +7,29 @@ backward pass treats the rounding as the identity (gradients reach both W and s)
 ``activation_bits=8`` (``ternop distill --activations int8``) each layer's input is also rounded
 per token to int8 exactly as W2A8 rounds it (``ternop.activations.quantize_rows``), again with
 the identity as its gradient, so the student trains for the mode it will run in. Biases and
-norms train too; embeddings stay frozen. The teacher is the fp base model. The loss is
-``1 - cos`` between student and teacher sentence embeddings (the model's own pooling), plus
-``hidden_weight`` times the teacher-normalised MSE of the last hidden states (real tokens).
+norms train too; embeddings stay frozen. The teacher is the fp base model. The loss
+(:mod:`ternop.quant.objectives`) weighs ``1 - cos`` between student and teacher sentence
+embeddings (the model's own pooling), in-batch relational distillation (the teacher's similarity
+matrix over the batch) and the teacher-normalised MSE of hidden states (real tokens).
 
-The student starts from the calibrated ternarization (``ternop.quant.calibrate``) or from
-optimal rounding. State (latent weights, scales, optimizer, step) is saved every
-``save_every`` steps so that a run can stop and resume; it is removed once the checkpoint is
-written (unless ``keep_state``). The result is a standard format-v1 checkpoint whose
+Batches and the learning-rate schedule (length mix, warm-up, decay) are :mod:`ternop.quant.batches`.
+``time_limit`` (seconds from the start of :func:`run`, loading and calibration included) ends
+training in time: every ``save_every`` steps the run re-estimates how many steps fit and shortens
+the schedule to them, so the decay still completes (such a run depends on the machine's speed and
+is not reproducible step for step). ``log`` appends one JSON line every ``log_every`` steps (the
+loss terms averaged over those steps, the learning rate, seconds).
+
+The student starts from the calibrated ternarization (``ternop.quant.calibrate``, on a sample drawn
+like the batches) or from optimal rounding. State (latent weights, scales, optimizer, step) is
+saved every ``save_every`` steps so that a run can stop and resume; it is removed once the
+checkpoint is written (unless ``keep_state``). ``export_every`` also writes the student as a v1
+checkpoint ``DST.step<N>`` every N steps. The result is a standard format-v1 checkpoint whose
 ``quantization_config.activation_bits`` is the mode it was trained for.
 """
 
 from __future__ import annotations
 
-import random
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +40,8 @@ from torch import nn
 
 from ternop.activations import quantize_rows
 from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, SCALE_DTYPE, check_activation_bits
+from ternop.quant.batches import Sampler, lr_factor
+from ternop.quant.objectives import Weights, distill_loss
 from ternop.selection import select_linears
 
 
@@ -44,6 +55,17 @@ class DistillConfig:
     lr: float = 2e-4
     lr_scale: float = 1e-4
     hidden_weight: float = 1.0
+    hidden_layers: str = "last"
+    cos_weight: float = 1.0
+    rel_weight: float = 0.0
+    rel_temp: float = 0.05
+    mix: tuple[float, float, float] | None = None
+    schedule: str = "linear"
+    warmup: int = 0
+    export_every: int = 0
+    time_limit: float | None = None
+    log: str | None = None
+    log_every: int = 50
     init: str = "calibrated"
     calib_tokens: int = 8192
     skip: tuple[str, ...] = ()
@@ -156,23 +178,11 @@ def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return out
 
 
-def distill_loss(student, teacher, batch, pooling: str, hidden_weight: float) -> tuple[torch.Tensor, dict]:
-    from ternop.hf.embedding import pool
-
-    with torch.no_grad():
-        th = teacher(**batch).last_hidden_state.float()
-        te = pool(th, batch["attention_mask"], pooling)
-    sh = student(**batch).last_hidden_state.float()
-    se = pool(sh, batch["attention_mask"], pooling)
-    cos = (se * te).sum(-1)
-    loss = (1.0 - cos).mean()
-    stats = {"cos": float(cos.detach().mean())}
-    if hidden_weight > 0:
-        m = batch["attention_mask"].bool()
-        mse = ((sh - th)[m] ** 2).mean() / (th[m] ** 2).mean().clamp(min=1e-12)
-        loss = loss + hidden_weight * mse
-        stats["hmse"] = float(mse.detach())
-    return loss, stats
+def _save_state(path: Path, step: int, opt, student, trainable: set[str], bits: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"step": step, "optimizer": opt.state_dict(), "activation_bits": bits,
+                "student": {k: v for k, v in student.state_dict().items() if k in trainable}}, tmp)  # fmt: skip
+    tmp.replace(path)
 
 
 def export(base, dst, student: nn.Module, layers: dict[str, QATLinear], dense: list[str], *,
@@ -221,6 +231,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
 
     from ternop.hf import load_model, load_tokenizer, pooling_mode
 
+    run_start = time.time()
     if not texts:
         raise ValueError("distillation needs at least one training text")
     bits = check_activation_bits(args.activation_bits, "ternop distill")
@@ -239,9 +250,14 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
             f"the state in {state_path} was trained with activation_bits {state.get('activation_bits', 16)}, "
             f"not {bits}; resume with the same --activations, or start again without --resume"
         )
+    weights = Weights(cos=args.cos_weight, rel=args.rel_weight, rel_temp=args.rel_temp, hidden=args.hidden_weight,
+                      hidden_layers=args.hidden_layers)
+    sampler = Sampler(texts, args.batch_size, args.mix, args.seed)
+    lr_factor(0, args.steps, args.schedule, args.warmup)  # a bad schedule fails before calibration
     t0 = time.time()
     if state is None:
-        init = _init_values(student, tokenizer, texts, args.init, args.skip, args.calib_tokens, not args.quiet)
+        calib = sampler.calibration(4096)
+        init = _init_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet)
     else:
         # Shapes only: the saved state overwrites values and scales below.
         init = {n: (torch.zeros_like(m.weight, dtype=torch.int8), torch.ones(m.out_features, m.in_features // BLOCK_SIZE))
@@ -264,37 +280,69 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
         student.load_state_dict(state["student"], strict=False)
         opt.load_state_dict(state["optimizer"])
         step = int(state["step"])
-    total = args.steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: max(0.05, 1.0 - i / max(1, total)), last_epoch=step - 1)
+    total = args.steps  # the schedule reads it late: a time limit shortens it
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, total, args.schedule, args.warmup),
+                                              last_epoch=step - 1)  # fmt: skip
     bar = tqdm(total=total, initial=step, unit="step", desc="distill", file=sys.stderr, disable=args.quiet)
     stats: dict = {}
-    stop_at = min(total, args.stop_at or total)
-    while step < stop_at:
-        rng = random.Random(args.seed * 1_000_003 + step)
-        batch_texts = rng.sample(texts, min(args.batch_size, len(texts)))
-        batch = tokenizer(batch_texts, padding=True, truncation=True, max_length=args.seq_len,
+    stop_at = args.stop_at or total
+    train_start, first_step, sums, n_sums = time.time(), step, {}, 0
+    while step < min(total, stop_at):
+        batch = tokenizer(sampler.batch(step), padding=True, truncation=True, max_length=args.seq_len,
                           return_tensors="pt").to(device)  # fmt: skip
-        loss, stats = distill_loss(student, teacher, batch, pooling, args.hidden_weight)
+        loss, stats = distill_loss(student, teacher, batch, pooling, weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        lr = opt.param_groups[1]["lr"]
         sched.step()
         step += 1
         stats["loss"] = float(loss.detach())
         bar.update(1)
         bar.set_postfix({k: f"{v:.4f}" for k, v in stats.items()}, refresh=False)
-        if step % args.save_every == 0 or step == stop_at:
-            trainable = {n for n, _ in params}
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"step": step, "optimizer": opt.state_dict(), "activation_bits": bits,
-                        "student": {k: v for k, v in student.state_dict().items() if k in trainable}}, tmp)  # fmt: skip
-            tmp.replace(state_path)
+        sums, n_sums = {k: sums.get(k, 0.0) + v for k, v in stats.items()}, n_sums + 1
+        if args.time_limit is not None:
+            total = _steps_that_fit(args, total, step, first_step, run_start, train_start)
+            bar.total = total
+        if step % args.save_every == 0 or step == min(total, stop_at):
+            _save_state(state_path, step, opt, student, {n for n, _ in params}, bits)
+        if args.log and (step % args.log_every == 0 or step == min(total, stop_at)):
+            _log(args.log, {"step": step, "lr": lr, "seconds": round(time.time() - run_start, 2),
+                            **{k: v / n_sums for k, v in sums.items()}})  # fmt: skip
+            sums, n_sums = {}, 0
+        if args.export_every and step % args.export_every == 0 and step < total:
+            # A checkpoint of the run so far, to evaluate while training goes on.
+            export(base, f"{str(dst).rstrip('/')}.step{step}", student, layers, list(dense), progress=False,
+                   overwrite=True, activation_bits=bits)  # fmt: skip
     bar.close()
+    timing = {"seconds": time.time() - t0, "train_seconds": time.time() - train_start}
+    if args.time_limit is not None:
+        timing["time_limited"] = total < args.steps
     if step < total:
-        return {"steps": step, "seconds": time.time() - t0, "stopped": True, "state": str(state_path), **stats}
+        return {"steps": step, **timing, "stopped": True, "state": str(state_path), **stats}
     student.eval()
     export(base, dst, student.cpu(), layers, list(dense), progress=not args.quiet, overwrite=args.overwrite,
            activation_bits=bits)
     if not args.keep_state:
         state_path.unlink(missing_ok=True)
-    return {"steps": step, "seconds": time.time() - t0, "state": str(state_path) if args.keep_state else None, **stats}
+    out = {"steps": step, **timing, "state": str(state_path) if args.keep_state else None, **stats}
+    if args.log:
+        _log(args.log, {"done": True, "seconds_with_export": round(time.time() - run_start, 2), **out})
+    return out
+
+
+def _steps_that_fit(args: DistillConfig, total: int, step: int, first: int, run_start: float, train_start: float) -> int:
+    """The schedule's length under ``time_limit``: now, once time is up; re-estimated every ``save_every`` steps."""
+    now = time.time()
+    left = args.time_limit - (now - run_start)
+    if left <= 0:
+        return step
+    if step % args.save_every:
+        return total
+    per_step = (now - train_start) / max(1, step - first)
+    return min(args.steps, step + int(left / per_step))
+
+
+def _log(path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

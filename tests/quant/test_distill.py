@@ -220,3 +220,71 @@ def test_distill_keep_state_and_stop_message(tiny_fp, data_file, tmp_path, capsy
     assert f"state in {tmp_path / 'd'}.distill-state.pt" in capsys.readouterr().out
     assert main([*argv, "--resume", "--keep-state"]) == 0
     assert (tmp_path / "d.distill-state.pt").exists() and (tmp_path / "d" / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def mixed_data(tmp_path_factory):
+    from tests.models import word_salad
+
+    path = tmp_path_factory.mktemp("mixed") / "train.txt"
+    lines = word_salad(30, 2, seed=3) + word_salad(30, 10, seed=4) + word_salad(10, 40, seed=5)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_distill_v2_objectives_mix_schedule_log_and_exports(tiny_fp, mixed_data, tmp_path):
+    import json
+
+    from ternop.checkpoint import load_ternary_layers
+
+    log = tmp_path / "log.jsonl"
+    dst = tmp_path / "d"
+    args = _args(tiny_fp, dst, mixed_data, steps=12, mix="1,1,1", rel_weight=1.0, hidden_layers="all",
+                 schedule="cosine", warmup=3, export_every=5, log=log, log_every=4)  # fmt: skip
+    assert distill_cli.main(args) == 0
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    steps = [x["step"] for x in lines if "done" not in x]
+    assert steps == [4, 8, 12]
+    assert {"loss", "cos", "rel", "hmse", "lr", "seconds"} <= set(lines[0])
+    assert lines[-1]["done"] and lines[-1]["steps"] == 12
+    # Warm-up to the peak (step 3 logs the lr of step index 3 = peak), then cosine decay.
+    assert lines[1]["lr"] < 2e-3 and lines[2]["lr"] < lines[1]["lr"]
+    for step in (5, 10):
+        exported = load_ternary_layers(tmp_path / f"d.step{step}")
+        assert len(exported) == 12
+    assert not (tmp_path / "d.step12").exists() and (dst / "config.json").exists()
+
+
+def test_distill_time_limit_shortens_the_schedule(tiny_fp, data_file, tmp_path, capsys):
+    import json
+
+    from ternop.quant.distill import DistillConfig, run
+
+    texts = data_file.read_text().splitlines()
+    log = tmp_path / "log.jsonl"
+    # A limit already spent when training starts: the run stops after its first step and still writes DST.
+    cfg = DistillConfig(steps=1000, batch_size=4, init="optimal", quiet=True, time_limit=1e-3, log=str(log), save_every=5)
+    out = run(tiny_fp, tmp_path / "d", texts, cfg)
+    assert out["steps"] == 1 and out["time_limited"] and (tmp_path / "d" / "config.json").exists()
+    assert json.loads(log.read_text().splitlines()[-1])["steps"] == 1
+    # A generous one changes nothing, also when re-estimated on the last step.
+    cfg = DistillConfig(steps=4, batch_size=4, init="optimal", quiet=True, time_limit=3600, save_every=2)
+    out = run(tiny_fp, tmp_path / "e", texts, cfg)
+    assert out["steps"] == 4 and not out["time_limited"] and (tmp_path / "e" / "config.json").exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("mix", "1,2", "--mix expects three probabilities"),
+    ("mix", "a,b,c", "--mix expects three probabilities"),
+    ("time_limit", "0", "--time-limit must be > 0"),
+    ("log_every", "0", "--log-every must be >= 1"),
+    ("warmup", "-1", "--warmup must be >= 0"),
+])  # fmt: skip
+def test_distill_rejects_bad_v2_options(tiny_fp, data_file, tmp_path, capsys, flag, value, message):
+    from ternop.cli import main
+
+    argv = ["distill", str(tiny_fp), str(tmp_path / "d"), "--data", str(data_file), "--quiet",
+            "--" + flag.replace("_", "-"), value]  # fmt: skip
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d.distill-state.pt").exists()
