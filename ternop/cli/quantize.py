@@ -21,13 +21,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
                         help="the mode the checkpoint runs in, written as quantization_config.activation_bits: "
                              "fp (16, activations as given) or int8 (8, int8 per token); the weights are the same")
+    parser.add_argument("--keep-dense", choices=["none", "auto"], default="none",
+                        help="auto: keep the fewest layers dense, ranked by their measured sensitivity, so that the "
+                             "wiki MRR of an embedding model (visible set) loses at most X against the fp model")
+    parser.add_argument("--max-mrr-loss", type=float, default=0.02, metavar="X",
+                        help="with keep dense auto: the largest wiki MRR loss against the fp model to accept")
     parser.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    report = quantize_checkpoint(args.src, args.dst, method=args.method, skip=args.skip, progress=not args.quiet,
-                                 calib=args.calib, overwrite=args.force,
+    skip, quantizer = list(args.skip), None
+    if args.keep_dense == "auto":
+        from pathlib import Path
+
+        from ternop.checkpoint import check_destination, check_not_quantized
+        from ternop.cli import mixed
+
+        # Every check that needs no model runs before minutes of measuring.
+        check_not_quantized(Path(args.src))
+        check_destination(Path(args.src), args.dst, args.force)
+        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip))
+        choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet)
+        skip += prefixes
+        size = mixed.dense_bytes(args.src, prefixes)
+        verdict = "met" if choice.met else "NOT met even with every layer dense"
+        print(f"keep-dense auto: {len(prefixes)} layers dense ({size['stored'] / 1e6:.2f} MB as stored, "
+              f"{size['fp16'] / 1e6:.2f} MB in fp16); wiki MRR {choice.final['wiki_mrr']:.4f} against the fp model's "
+              f"{choice.base['wiki_mrr']:.4f} (all ternary {choice.all_ternary['wiki_mrr']:.4f}); "
+              f"max loss {args.max_mrr_loss}: {verdict}")  # fmt: skip
+    report = quantize_checkpoint(args.src, args.dst, method=args.method, skip=skip, progress=not args.quiet,
+                                 calib=args.calib, overwrite=args.force, quantizer=quantizer,
                                  activation_bits=bits_of(args.activations))  # fmt: skip
     print(f"{report.summary()} -> {report.dst}")
     print(f"  activation_bits {report.activation_bits}: {describe(report.activation_bits)}")

@@ -1,0 +1,87 @@
+"""Gate-driven mixed precision: the fewest linear layers to keep dense so that a measured loss is met.
+
+``choose_dense`` works on an in-memory model whose chosen linears can take either their dense
+weight or their ternary one (dequantized). A caller-supplied ``measure(model) -> {name: value}``
+scores the model as it stands (``ternop quantize --keep-dense auto`` measures wiki-retrieval MRR
+and the mean cosine to the fp embeddings, :mod:`ternop.cli.mixed`). Then:
+
+1. the dense model and the all-ternary model are measured;
+2. sensitivity: each layer alone is put back dense (every other layer ternary) and the gain in
+   ``rank_by`` over the all-ternary model is its score (a smooth metric ranks better than MRR,
+   which moves in steps of one query);
+3. the most sensitive layers are made dense one at a time, in that order, until ``metric`` is at
+   most ``max_loss`` below the dense model's. The gate is the measurement, not the ranking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class DenseChoice:
+    """What :func:`choose_dense` measured and chose."""
+
+    dense: list[str]
+    met: bool
+    metric: str
+    max_loss: float
+    base: dict[str, float]
+    all_ternary: dict[str, float]
+    final: dict[str, float]
+    ranking: list[tuple[str, float]] = field(default_factory=list)
+    trials: list[tuple[int, float]] = field(default_factory=list)
+
+
+def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Callable[[nn.Module], dict[str, float]],
+                 *, max_loss: float, metric: str = "wiki_mrr", rank_by: str = "mean_cosine",
+                 progress: Callable[[str], None] | None = None) -> DenseChoice:  # fmt: skip
+    """Chooses the layers of ``ternary`` (module name -> dequantized weight ``[N, K]``) to keep dense.
+
+    The model's weights are restored to dense before returning. ``met`` is False when the bound is
+    missed even with every layer dense (then ``dense`` lists every layer).
+    """
+    if max_loss < 0:
+        raise ValueError(f"max_loss must be >= 0, got {max_loss}")
+    say = progress or (lambda msg: None)
+    layers = {name: model.get_submodule(name) for name in ternary}
+    dense_w = {name: layer.weight.data for name, layer in layers.items()}
+    for name, w in ternary.items():
+        if tuple(w.shape) != tuple(dense_w[name].shape):
+            raise ValueError(f"{name}: ternary weight {list(w.shape)} != dense {list(dense_w[name].shape)}")
+    tern_w = {name: w.to(dense_w[name].dtype) for name, w in ternary.items()}
+
+    def use(dense: set[str]) -> dict[str, float]:
+        for name, layer in layers.items():
+            layer.weight.data = dense_w[name] if name in dense else tern_w[name]
+        return measure(model)
+
+    try:
+        base = use(set(layers))
+        full = use(set())
+        bound = base[metric] - max_loss
+        say(f"dense {metric} {base[metric]:.4f}, all ternary {full[metric]:.4f}; bound {bound:.4f}")
+        if full[metric] >= bound:
+            return DenseChoice([], True, metric, max_loss, base, full, full)
+        ranking = []
+        for i, name in enumerate(layers):
+            gain = use({name})[rank_by] - full[rank_by]
+            ranking.append((name, gain))
+            say(f"sensitivity {i + 1}/{len(layers)}: {name} dense -> {rank_by} {gain:+.4f}")
+        ranking.sort(key=lambda x: -x[1])
+        trials, chosen, final = [], [], full
+        for name, _ in ranking:
+            chosen.append(name)
+            final = use(set(chosen))
+            trials.append((len(chosen), final[metric]))
+            say(f"{len(chosen)} dense: {metric} {final[metric]:.4f}")
+            if final[metric] >= bound:
+                break
+        return DenseChoice(chosen, final[metric] >= bound, metric, max_loss, base, full, final, ranking, trials)
+    finally:
+        for name, layer in layers.items():
+            layer.weight.data = dense_w[name]

@@ -1,0 +1,74 @@
+"""ternop quantize --keep-dense auto: the measured gate picks the layers kept dense."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternop.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_fp(tmp_path_factory):
+    from tests.models import tiny_bert_wide
+
+    return tiny_bert_wide(tmp_path_factory.mktemp("mixed") / "fp", seed=5)
+
+
+def _dense_layers(path) -> list[str]:
+    from ternop.checkpoint import read_quant_config
+
+    return [m for m in read_quant_config(path)["modules_to_not_convert"] if m.startswith("encoder.")]
+
+
+# Two layers whose rounding costs 0.1 MRR each (the others cost nothing): a measurement the test controls.
+SENSITIVE = {"encoder.layer.0.attention.self.query": 0.1, "encoder.layer.1.output.dense": 0.1,
+             "encoder.layer.1.intermediate.dense": 0.001}  # fmt: skip
+
+
+def _fake_measure_fn(tokenizer, pooling, max_len):
+    dense = {}
+
+    def measure(model):
+        if not dense:  # the first call sees the dense model
+            dense.update({n: model.get_submodule(n).weight.detach().clone() for n in SENSITIVE})
+        lost = sum(c for n, c in SENSITIVE.items() if not torch.equal(model.get_submodule(n).weight, dense[n]))
+        return {"wiki_mrr": 0.9 - lost, "mean_cosine": 1.0 - lost}
+
+    return measure
+
+
+def test_keep_dense_auto_keeps_the_fewest_sensitive_layers(tiny_fp, tmp_path, capsys, monkeypatch):
+    from ternop.cli import mixed
+
+    monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
+    both = tmp_path / "both"
+    assert main(["quantize", str(tiny_fp), str(both), "--keep-dense", "auto", "--max-mrr-loss", "0.05", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert _dense_layers(both) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
+    # Two 256x256 and 512x256... layers as stored (fp32) and in fp16.
+    assert "keep-dense auto: 2 layers dense (0.79 MB as stored, 0.39 MB in fp16)" in out and ": met" in out
+    one = tmp_path / "one"
+    assert main(["quantize", str(tiny_fp), str(one), "--keep-dense", "auto", "--max-mrr-loss", "0.15", "--quiet"]) == 0
+    assert len(_dense_layers(one)) == 1 and _dense_layers(one)[0] in SENSITIVE
+    loose = tmp_path / "loose"
+    assert main(["quantize", str(tiny_fp), str(loose), "--keep-dense", "auto", "--max-mrr-loss", "1", "--quiet"]) == 0
+    assert "keep-dense auto: 0 layers dense (0.00 MB as stored" in capsys.readouterr().out
+    assert _dense_layers(loose) == []
+
+
+def test_keep_dense_auto_measures_the_real_retrieval_task(tiny_fp, tmp_path, capsys):
+    # The real measurement runs end to end on a tiny model; with no loss allowed the result meets the bound.
+    dst = tmp_path / "real"
+    assert main(["quantize", str(tiny_fp), str(dst), "--keep-dense", "auto", "--max-mrr-loss", "0", "--quiet"]) == 0
+    assert ": met" in capsys.readouterr().out
+
+
+def test_keep_dense_auto_checks_before_measuring(tiny_fp, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("x")
+    assert main(["quantize", str(tiny_fp), str(dst), "--keep-dense", "auto", "--quiet"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["quantize", str(tiny_fp), str(tmp_path / "n"), "--keep-dense", "auto", "--max-mrr-loss", "-1"]) == 2
+    assert "max_loss must be >= 0" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+"""Gate-driven mixed precision: the fewest dense layers, chosen by measured sensitivity, that meet the bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternop.quant.mixed import choose_dense
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Linear(4, 4, bias=False) for _ in range(4)))
+
+
+# Each layer's damage when ternary; the "metric" is 1 - the summed damage (MRR-like), "smooth" ranks.
+DAMAGE = {"0": 0.01, "1": 0.20, "2": 0.05, "3": 0.10}
+
+
+def _measure_of(model, ternary):
+    def measure(m):
+        lost = sum(d for name, d in DAMAGE.items() if torch.equal(m.get_submodule(name).weight, ternary[name]))
+        return {"mrr": 1.0 - lost, "smooth": 1.0 - lost}
+
+    return measure
+
+
+def test_chooses_the_fewest_most_sensitive_layers_and_restores_weights():
+    model = _model()
+    dense = {n: model.get_submodule(n).weight.detach().clone() for n in DAMAGE}
+    ternary = {n: torch.sign(w) for n, w in dense.items()}
+    choice = choose_dense(model, ternary, _measure_of(model, ternary), max_loss=0.07, metric="mrr", rank_by="smooth")
+    # All ternary loses 0.36; keeping "1" (0.20) and "3" (0.10) dense leaves 0.06 <= 0.07.
+    assert choice.dense == ["1", "3"] and choice.met
+    assert [n for n, _ in choice.ranking] == ["1", "3", "2", "0"]
+    assert choice.base["mrr"] == 1.0 and choice.all_ternary["mrr"] == pytest.approx(0.64)
+    assert choice.final["mrr"] == pytest.approx(0.94) and [k for k, _ in choice.trials] == [1, 2]
+    for n, w in dense.items():
+        assert torch.equal(model.get_submodule(n).weight, w), n
+
+
+def test_no_layer_when_all_ternary_meets_the_bound_and_every_layer_for_no_loss():
+    model = _model()
+    ternary = {n: torch.sign(model.get_submodule(n).weight.detach()) for n in DAMAGE}
+    measure = _measure_of(model, ternary)
+    none = choose_dense(model, ternary, measure, max_loss=0.5, metric="mrr", rank_by="smooth")
+    assert none.dense == [] and none.met and none.ranking == []  # nothing measured beyond the two ends
+    every = choose_dense(model, ternary, measure, max_loss=0.0, metric="mrr", rank_by="smooth")
+    assert every.dense == ["1", "3", "2", "0"] and every.met and every.final["mrr"] == 1.0
+
+
+def test_bad_input_is_refused():
+    model = _model()
+    with pytest.raises(ValueError, match="max_loss must be >= 0"):
+        choose_dense(model, {}, lambda m: {}, max_loss=-0.1)
+    with pytest.raises(ValueError, match=r"ternary weight \[2, 2\] != dense \[4, 4\]"):
+        choose_dense(model, {"0": torch.zeros(2, 2)}, lambda m: {}, max_loss=0.1)
