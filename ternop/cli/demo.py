@@ -1,6 +1,9 @@
 """The main job end to end, on the bundled all-MiniLM-L6-v2: ``python -m ternop.cli.demo``.
 
-1. quantize the fp32 model into a ternary v1 checkpoint;
+1. make the ternary v1 checkpoint: by default the best all-ternary MiniLM the project has made,
+   assembled from its committed artifact (its ternary layers, ``artifacts/``; the
+   file's sha256 is checked against :data:`ARTIFACT_SHA256`) and the fp32 model package;
+   ``--method optimal`` (or another) quantizes the fp32 model instead;
 2. ``ternop validate`` it;
 3. serve it with vLLM's OpenAI-compatible server (``ternop serve``);
 4. embed a few sentences over HTTP (``POST /v1/embeddings``);
@@ -21,6 +24,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+ARTIFACT = Path(__file__).resolve().parents[2] / "artifacts" / "all-MiniLM-L6-v2-ternary" / "model.safetensors"
+ARTIFACT_SHA256 = "262e9694938efabc21f77b9682bc96be6cd0901a66f01d37161755f368a75f67"
+"""The committed artifact's hash; ``artifacts/all-MiniLM-L6-v2-ternary/README.md`` has the command that made it."""
 
 SENTENCES = [
     "A ternary weight is one of minus one, zero or plus one.",
@@ -90,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ternop.cli.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="work/demo", help="folder for the checkpoint, logs and report")
     parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
-    parser.add_argument("--method", default="optimal", help="quantization method")
+    parser.add_argument("--method", default="artifact",
+                        help="artifact (the committed trained model) or a rounding method: optimal or absmean")
+    parser.add_argument("--artifact", default=str(ARTIFACT), help="the artifact file for --method artifact")
     args = parser.parse_args(argv)
 
     from ternop.quant.convert import quantize_checkpoint
@@ -102,9 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     base, quant = minilm_dir(), work / "all-MiniLM-L6-v2-ternary"
     t_start = time.monotonic()
 
-    t0 = step(1, f"quantize all-MiniLM-L6-v2 (fp32) -> {quant}")
-    report = quantize_checkpoint(base, quant, method=args.method, progress=True, overwrite=True)
-    print(f"    {report.summary()}")
+    if args.method == "artifact":
+        from ternop.quant.artifact import assemble
+
+        t0 = step(1, f"assemble the best all-ternary all-MiniLM-L6-v2 (calibrated) -> {quant}")
+        sha = ARTIFACT_SHA256 if Path(args.artifact).resolve() == ARTIFACT else None
+        print(f"    from {args.artifact}" + (f" (sha256 {sha}: checked)" if sha else " (not the committed file: no sha256)"))
+        print(f"    and the fp32 model in {base}")
+        assemble(args.artifact, base, quant, sha256=sha, overwrite=True)
+    else:
+        t0 = step(1, f"quantize all-MiniLM-L6-v2 (fp32) -> {quant}")
+        report = quantize_checkpoint(base, quant, method=args.method, progress=True, overwrite=True)
+        print(f"    {report.summary()}")
     done(t0)
 
     t0 = step(2, "ternop validate")
