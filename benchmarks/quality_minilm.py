@@ -1,13 +1,16 @@
-"""Quality of ternary all-MiniLM-L6-v2 (every encoder linear ternary) by ternarization method.
+"""Quality of ternary all-MiniLM-L6-v2, on the visible sets and on the held-out split.
 
-For fp32, absmean, optimal, calibrated and distilled it reports Lee-50 Spearman, wiki
-retrieval R@1 / R@10 / MRR, cosine to the fp32 embeddings (mean, min), weight bytes and the
-wall time of the method. Ternary checkpoints are written with ternop's own tools and scored
-through transformers with ``TernaryLinear`` layers (the ternop op on the CPU reference);
-``--vllm`` also scores the calibrated and distilled checkpoints through vLLM.
+Every row is a checkpoint made by one exact ``ternop`` command (recorded in the JSON with the
+seconds it took) and scored on every set of ``ternop.cli.evaldata.suite()``: Lee-50 Spearman and
+wiki retrieval (the visible sets), and the held-out split (other paragraphs of the retrieval
+articles, WordNet short queries, SimLex-999 / WordSim-353), with the cosine to the fp32
+embeddings on both. Ternary checkpoints are scored through transformers on their dequantized
+weights (the values the op computes with; ``ternop eval`` runs the op itself and the vLLM plugin).
 
-    python benchmarks/quality_minilm.py                      # runs everything (distill ~20 min on 2 cores)
-    python benchmarks/quality_minilm.py --reuse distilled=DIR@SECONDS   # score a finished `ternop distill` output
+    python benchmarks/quality_minilm.py --work DIR                       # builds and scores every row
+    python benchmarks/quality_minilm.py --work DIR --reuse distilled=D@S  # a row made beforehand by its command
+    python benchmarks/quality_minilm.py --work DIR --artifact "NAME=FILE@S" --command "NAME=..." --rows --merge
+                                                                         # add a trained artifact (e.g. from the GPU)
 
 Writes benchmarks/results/quality_minilm.json and .md.
 """
@@ -17,17 +20,30 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import json
-import os
 import platform
+import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
-METHODS = ("absmean", "optimal", "calibrated", "distilled")
+
+# name -> the ternop command that makes it (MODEL, DST and CALIB are filled in).
+ROWS = {
+    "optimal": "quantize MODEL DST --method optimal --force --quiet",
+    "calibrated": "quantize MODEL DST --method calibrated --calib CALIB --force --quiet",
+    "distilled v2 (CPU, 800 steps)": (
+        "distill MODEL DST --steps 800 --batch-size 8 --seq-len 192 --lr 1.5e-4 --lr-scale 2e-5 "
+        "--mix 0.2,0.3,0.5 --rel-weight 1 --warmup 40 --schedule cosine --export-every 200 --force"
+    ),
+    "mixed: optimal, --keep-dense auto (visible MRR loss <= 0.014)": (
+        "quantize MODEL DST --method optimal --keep-dense auto --max-mrr-loss 0.014 --force"
+    ),
+}
+CALIB_RECIPE = ("ternop.quant.batches.Sampler(ternop.cli.traindata.training_texts(), 8, (0.2, 0.3, 0.5), "
+                "seed=0).calibration(4096): 4,096 training texts drawn by length like distillation's batches")
 
 
 def minilm_dir() -> str:
@@ -35,10 +51,11 @@ def minilm_dir() -> str:
 
 
 def checkpoint_bytes(path: str) -> dict[str, int]:
-    """Bytes of the encoder's linear weights (ternary: packed + scales) and of every tensor."""
+    """Bytes of the encoder's linear weights as stored, the same with dense ones counted in fp16, and all tensors."""
     from safetensors import safe_open
 
-    linear, total = 0, 0
+    size_of = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I64": 8, "I32": 4}
+    linear = linear16 = total = 0
     for file in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
@@ -46,147 +63,140 @@ def checkpoint_bytes(path: str) -> dict[str, int]:
                 n = 1
                 for d in t.get_shape():
                     n *= d
-                size = n * {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I64": 8}.get(t.get_dtype(), 4)
+                size = n * size_of.get(t.get_dtype(), 4)
                 total += size
-                if name.startswith("encoder.") and name.endswith((".weight", ".weight_packed", ".weight_scale")):
-                    if "LayerNorm" not in name:
-                        linear += size
-    return {"encoder_linear_bytes": linear, "total_bytes": total}
+                if name.startswith("encoder.") and "LayerNorm" not in name:
+                    if name.endswith((".weight_packed", ".weight_scale")):
+                        linear, linear16 = linear + size, linear16 + size
+                    elif name.endswith(".weight"):
+                        linear, linear16 = linear + size, linear16 + 2 * n
+    return {"encoder_linear_bytes": linear, "encoder_linear_bytes_fp16_dense": linear16, "total_bytes": total}
 
 
-def score(path: str, texts: list[str], ref: torch.Tensor | None, backend: str = "hf") -> tuple[dict, torch.Tensor]:
-    from ternop.cli import evaldata
-    from ternop.cli.evaluate import embed_hf_model, embed_vllm
+def score(path: str, suite, ref: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
+    from ternop.hf import embed_texts
 
-    if backend == "hf":
-        emb, _ = embed_hf_model(path, texts, torch.float32)
-    else:
-        emb, _ = embed_vllm(path, texts, "float32", True, os.path.join(tempfile.gettempdir(), "quality_vllm.log"))
-    out = {"lee50_spearman": evaldata.lee50_spearman(emb[:50])}
-    out.update({f"wiki_{k}": v for k, v in evaldata.retrieval_metrics(emb[50:136], emb[136:]).items()})
-    if ref is not None:
-        cos = (emb * ref).sum(-1)
-        out.update(cos_mean=float(cos.mean()), cos_min=float(cos.min()))
-    else:
-        out.update(cos_mean=1.0, cos_min=1.0)
+    emb = embed_texts(path, suite.texts, dense=ref is not None)
+    out = suite.score(emb)
+    nv = suite.n_visible
+    for prefix, part in (("", slice(0, nv)), ("heldout_", slice(nv, None))):
+        cos = (emb[part] * (ref[part] if ref is not None else emb[part])).sum(-1)
+        out[f"{prefix}cos_mean"], out[f"{prefix}cos_min"] = float(cos.mean()), float(cos.min())
     return out, emb
 
 
-def build(method: str, base: str, dst: str, work: Path, args) -> float:
-    """Writes the ``method`` checkpoint at ``dst``; returns the method's wall time in seconds."""
-    from ternop.cli import evaldata
-    from ternop.quant.convert import quantize_checkpoint
+def run_command(template: str, base: str, dst: str, calib: str) -> tuple[str, float]:
+    from ternop.cli import main
 
+    cmd = template.replace("MODEL", base).replace("DST", dst).replace("CALIB", calib)
+    print(f"$ ternop {cmd}", flush=True)
     t0 = time.perf_counter()
-    if method in ("absmean", "optimal"):
-        quantize_checkpoint(base, dst, method=method, progress=False, overwrite=True)
-    elif method == "calibrated":
-        calib = work / "calib.txt"
-        calib.write_text("\n".join(evaldata.training_texts()) + "\n")
-        quantize_checkpoint(base, dst, method="calibrated", calib=str(calib), progress=False, overwrite=True)
-    elif method == "distilled":
-        from ternop.cli import main
-
-        argv = ["distill", base, dst, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-                "--seq-len", str(args.seq_len),
-                "--lr", str(args.lr), "--lr-scale", str(args.lr_scale), "--quiet", "--force"]  # fmt: skip
-        if main(argv) != 0:
-            raise RuntimeError("ternop distill failed")
-    return time.perf_counter() - t0
+    if main(shlex.split(cmd)) != 0:
+        raise RuntimeError(f"ternop {cmd} failed")
+    return cmd, time.perf_counter() - t0
 
 
-def markdown(rows: list[dict]) -> str:
-    head = ("| weights | Lee-50 Spearman | wiki R@1 | R@10 | MRR | cos to fp32 (mean / min) "
-            "| encoder linear bytes | method wall time |")  # fmt: skip
-    lines = [head, "|" + "---|" * 8]
+def _seconds(t) -> str:
+    return "-" if t is None else f"{t:.1f} s" if t < 10 else f"{t:.0f} s"
+
+
+def markdown(rows: list[dict], fp16_bytes: int) -> str:
+    lines = ["Visible sets (Lee-50; wiki retrieval, 86 queries):", "",
+             "| weights | Lee-50 | wiki R@1 | R@10 | MRR | cos to fp32 (mean / min) | encoder linear bytes "
+             "(dense in fp16: share of fp16) | seconds |", "|" + "---|" * 8]  # fmt: skip
     for r in rows:
-        t = r.get("method_seconds")
+        share = r["encoder_linear_bytes_fp16_dense"] / fp16_bytes
         lines.append(
-            f"| {r['name']} | {r['lee50_spearman']:.3f} | {r['wiki_r1']:.3f} | {r['wiki_r10']:.3f} "
-            f"| {r['wiki_mrr']:.3f} | {r['cos_mean']:.3f} / {r['cos_min']:.3f} "
-            f"| {r['encoder_linear_bytes'] / 1e6:.2f} MB | {'-' if t is None else f'{t:.1f} s' if t < 10 else f'{t:.0f} s'} |"
+            f"| {r['name']} | {r['lee50_spearman']:.3f} | {r['wiki_r1']:.3f} | {r['wiki_r10']:.3f} | {r['wiki_mrr']:.3f} "
+            f"| {r['cos_mean']:.3f} / {r['cos_min']:.3f} | {r['encoder_linear_bytes'] / 1e6:.2f} MB "
+            f"({r['encoder_linear_bytes_fp16_dense'] / 1e6:.2f} MB: {share:.2f}) | {_seconds(r.get('seconds'))} |"
+        )
+    lines += ["", "Held-out split (never used to train, calibrate or choose):", "",
+              "| weights | passages R@1 | MRR | short queries R@1 | MRR | SimLex-999 | WordSim-353 "
+              "| cos to fp32 (mean / min) |", "|" + "---|" * 8]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['heldout_passage_r1']:.3f} | {r['heldout_passage_mrr']:.3f} "
+            f"| {r['heldout_short_r1']:.3f} | {r['heldout_short_mrr']:.3f} | {r['heldout_simlex_spearman']:.3f} "
+            f"| {r['heldout_wordsim_spearman']:.3f} | {r['heldout_cos_mean']:.3f} / {r['heldout_cos_min']:.3f} |"
         )
     return "\n".join(lines)
 
 
+def _spec(text: str) -> tuple[str, str, float | None]:
+    name, _, rest = text.rpartition("=")  # a row name may hold "=" ("<="), a path does not
+    path, _, seconds = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    return name, path, float(seconds) if seconds else None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default=None, help="folder for the checkpoints (default: a temporary one)")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--reuse", nargs="+", default=[], metavar="METHOD=DIR[@SECONDS]",
-                   help="score an existing checkpoint for METHOD (e.g. a finished `ternop distill` run) instead of building it")
-    p.add_argument("--distill-command", default=None, help="how the reused distilled checkpoint was made (recorded)")
-    # The configuration of the committed CPU row (about 20 minutes on 2 cores).
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=192)
-    p.add_argument("--lr", type=float, default=1.5e-4)
-    p.add_argument("--lr-scale", type=float, default=2e-5)
-    p.add_argument("--extra", nargs="+", default=[], metavar="NAME=DIR[@SECONDS]",
-                   help="more checkpoints to score, e.g. a GPU distillation or a mixed-precision one")
-    p.add_argument("--vllm", action="store_true", help="also score calibrated/distilled through vLLM")
+    p.add_argument("--work", required=True, help="folder for the checkpoints")
+    p.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS), metavar="NAME")
+    p.add_argument("--reuse", nargs="+", default=[], metavar="NAME=DIR@SECONDS",
+                   help="a row's checkpoint made beforehand by the row's own command (its seconds recorded as given)")
+    p.add_argument("--artifact", nargs="+", default=[], metavar="NAME=FILE@SECONDS",
+                   help="an extra row from a ternop.quant.artifact file (assembled here from the fp32 model)")
+    p.add_argument("--command", nargs="+", default=[], metavar="NAME=TEXT", help="how an --artifact row was made")
     p.add_argument("--out", default=str(HERE / "results" / "quality_minilm.json"))
     p.add_argument("--merge", action="store_true", help="keep the rows of an existing --out that this run does not redo")
     args = p.parse_args()
 
-    from ternop.cli import evaldata
+    from ternop.cli import evaldata, traindata
+    from ternop.quant import artifact
+    from ternop.quant.batches import Sampler
 
     base = minilm_dir()
-    work = Path(args.work or tempfile.mkdtemp(prefix="quality-minilm-"))
+    work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    lee_docs, _ = evaldata.lee50()
-    queries, docs = evaldata.wiki_retrieval()
-    texts = lee_docs + queries + docs
+    calib = work / "calib.txt"
+    calib.write_text("\n".join(Sampler(traindata.training_texts(), 8, (0.2, 0.3, 0.5), 0).calibration(4096)) + "\n")
+    suite = evaldata.suite()
+    reuse = {name: (path, sec) for name, path, sec in map(_spec, args.reuse)}
+    commands = dict(c.partition("=")[::2] for c in args.command)
 
-    reuse = {}
-    for spec in args.reuse:
-        method, _, rest = spec.partition("=")
-        path, _, seconds = rest.partition("@")
-        reuse[method] = (path, float(seconds) if seconds else None)
-    # vLLM's CPU backend otherwise reserves most of the machine's memory for its KV cache.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    rows = []
-    fp, ref = score(base, texts, None)
-    rows.append({"name": "fp32", **fp, **checkpoint_bytes(base), "method_seconds": None})
-    print(markdown(rows), flush=True)
-    for method in args.methods:
-        if method in reuse:
-            dst, seconds = reuse[method]
+    fp, ref = score(base, suite, None)
+    rows = [{"name": "fp32", **fp, **checkpoint_bytes(base), "command": None, "seconds": None}]
+    fp16_bytes = rows[0]["encoder_linear_bytes_fp16_dense"]
+    for name in args.rows:
+        dst = str(work / name.split(" ")[0].strip(":,"))
+        if name in reuse:
+            dst, seconds = reuse[name]
+            cmd = "ternop " + ROWS[name]
+            how = "made beforehand by this command"
         else:
-            dst = str(work / method)
-            seconds = build(method, base, dst, work, args)
-        row, _ = score(dst, texts, ref)
-        rows.append({"name": method, **row, **checkpoint_bytes(dst), "method_seconds": seconds})
-        if args.vllm and method in ("calibrated", "distilled"):
-            try:
-                vrow, _ = score(dst, texts, ref, backend="vllm")
-                rows.append({"name": f"{method} (vLLM)", **vrow, **checkpoint_bytes(dst), "method_seconds": None})
-            except RuntimeError as e:  # a busy machine can refuse vLLM's memory reservation
-                print(f"vLLM scoring of {method} failed: {str(e)[-300:]}", file=sys.stderr)
-        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-
-    for spec in args.extra:
-        name, _, rest = spec.partition("=")
-        path, _, seconds = rest.partition("@")
-        row, _ = score(path, texts, ref)
-        rows.append({"name": name, **row, **checkpoint_bytes(path), "method_seconds": float(seconds) if seconds else None})  # fmt: skip
-        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+            cmd, seconds = run_command(ROWS[name], base, dst, str(calib))
+            cmd = cmd.replace(base, "MODEL").replace(str(calib), "CALIB").replace(dst, "DST")
+            cmd, how = "ternop " + cmd, "run by this script"
+        row, _ = score(dst, suite, ref)
+        rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": cmd, "how": how, "seconds": seconds,
+                     "dense_layers": _dense_layers(dst)})  # fmt: skip
+        print(markdown(rows, fp16_bytes), flush=True)
+    for name, path, seconds in map(_spec, args.artifact):
+        dst = str(work / Path(path).stem)
+        qc = artifact.assemble(path, base, dst, overwrite=True)
+        row, _ = score(dst, suite, ref)
+        rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": commands.get(name),
+                     "artifact": path, "artifact_sha256": artifact.sha256_of(path), "seconds": seconds,
+                     "dense_layers": [m for m in qc.get("modules_to_not_convert", []) if m.startswith("encoder.")]})  # fmt: skip
 
     if args.merge and Path(args.out).exists():
-        old = json.loads(Path(args.out).read_text())["rows"]
-        names = {r["name"] for r in rows}
-        rows = rows[:1] + [r for r in old if r["name"] not in names] + rows[1:]
-        order = {m: i for i, m in enumerate(("fp32", *METHODS))}
-        rows.sort(key=lambda r: order.get(r["name"], len(order)))
-
-    table = markdown(rows)
+        new = {r["name"] for r in rows}
+        old = [r for r in json.loads(Path(args.out).read_text())["rows"] if r["name"] not in new]
+        order = {name: i for i, name in enumerate(["fp32", *ROWS])}
+        rows = sorted(rows[:1] + old + rows[1:], key=lambda r: order.get(r["name"], len(order)))
+    table = markdown(rows, fp16_bytes)
     result = {
         "model": "all-MiniLM-L6-v2 (every encoder linear ternary unless named otherwise)",
-        "eval": {"lee50_pairs": 1225, "wiki_queries": len(queries), "texts": len(texts)},
+        "eval": {"visible": {"lee50_pairs": 1225, "wiki_queries": 86},
+                 "heldout": {name: b - a for name, (a, b) in suite.parts.items() if name not in ("lee50", "wiki_q", "wiki_d")},
+                 "texts": len(suite.texts), "scored_through": "transformers, dequantized ternary weights"},  # fmt: skip
+        "data_sources": {"training": {k: {"where": w, "licence": lic} for k, (w, lic) in traindata.SOURCES.items()},
+                         "training_summary": traindata.summary(), "calibration_text": CALIB_RECIPE,
+                         "evaluation": evaldata.__doc__},  # fmt: skip
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},  # fmt: skip
-        "distill": args.distill_command or {"steps": args.steps, "batch_size": args.batch_size,
-                                             "seq_len": args.seq_len, "lr": args.lr, "lr_scale": args.lr_scale},
+        "fp16_encoder_linear_bytes": fp16_bytes,
         "rows": rows,
         "table_markdown": table,
     }
@@ -195,6 +205,12 @@ def main() -> int:
     Path(args.out).with_suffix(".md").write_text(table + "\n")
     print("\n" + table)
     return 0
+
+
+def _dense_layers(path: str) -> list[str]:
+    from ternop.checkpoint import read_quant_config
+
+    return [m for m in read_quant_config(path).get("modules_to_not_convert", []) if m.startswith("encoder.")]
 
 
 if __name__ == "__main__":
