@@ -105,8 +105,24 @@ class BitNetMLP(nn.Module):
         return out
 
 
-class BitNetDecoderLayer(nn.Module):
-    """Pre-norm block, as Llama's: x + attn(norm(x)), then + mlp(norm(.)), with vLLM's fused residual adds."""
+class PreNormDecoderLayer(nn.Module):
+    """Pre-norm block, as Llama's and Qwen3's: x + attn(norm(x)), then + mlp(norm(.)), with vLLM's
+    fused residual adds. Subclasses build ``input_layernorm``, ``self_attn``,
+    ``post_attention_layernorm`` and ``mlp``."""
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class BitNetDecoderLayer(PreNormDecoderLayer):
+    """The BitNet b1.58 block: :class:`PreNormDecoderLayer` with BitNet's attention and MLP."""
 
     def __init__(self, vllm_config, prefix: str = "", config=None):
         super().__init__()
@@ -129,15 +145,6 @@ class BitNetDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
 
 
 def check_ternary(quant_config, arch: str) -> None:

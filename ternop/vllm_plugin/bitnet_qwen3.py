@@ -30,7 +30,7 @@ from vllm.model_executor.models.qwen3 import Qwen3Attention, Qwen3Model
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
 from ternop.vllm_plugin._compat import weights_loader
-from ternop.vllm_plugin.bitnet import ShardedRMSNorm, check_ternary
+from ternop.vllm_plugin.bitnet import PreNormDecoderLayer, ShardedRMSNorm, check_ternary
 
 PROJECTION_NORM_KEY = "ternop_projection_norm_eps"
 
@@ -89,7 +89,7 @@ class ProjectionNormMLP(nn.Module):
         return _apply(self.down_proj, nn.functional.silu(_apply(self.gate_proj, x)) * _apply(self.up_proj, x))
 
 
-class ProjectionNormDecoderLayer(nn.Module):
+class ProjectionNormDecoderLayer(PreNormDecoderLayer):
     """Qwen3's pre-norm block with :class:`ProjectionNormAttention` and :class:`ProjectionNormMLP`."""
 
     def __init__(self, config, cache_config=None, quant_config=None, prefix: str = ""):
@@ -112,16 +112,6 @@ class ProjectionNormDecoderLayer(nn.Module):
         self.mlp = ProjectionNormMLP(config, eps, quant_config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
 
 
 class ProjectionNormQwen3Model(Qwen3Model):
