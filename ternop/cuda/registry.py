@@ -142,24 +142,26 @@ def _can_dequant_any(call: backends.LinearCall) -> tuple[bool, str]:
     return (mod is not None), why
 
 
+def _below_floor(name: str, call: backends.LinearCall) -> str:
+    """Why a dequantize-first backend declines an M under its floor (unless forced), else ""."""
+    floor = configs.min_m(name, call.x.device)
+    if call.m < floor and not _forced(name):
+        return f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
+    return ""
+
+
 def _can_dequant_cublas(call: backends.LinearCall) -> tuple[bool, str]:
     ok, why = _can_dequant_any(call)
-    if not ok or _forced("dequant_cublas"):
+    if not ok:
         return ok, why
-    floor = configs.min_m("dequant_cublas", call.x.device)
-    if call.m < floor:
-        return False, f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
-    return True, ""
+    why = _below_floor("dequant_cublas", call)
+    return not why, why
 
 
 def _can_cuda_dequant(call: backends.LinearCall) -> tuple[bool, str]:
-    why = _a16_only(call) or _common(call)
+    why = _a16_only(call) or _common(call) or _below_floor("cuda_dequant", call)
     if why:
         return False, why
-    if not _forced("cuda_dequant"):
-        floor = configs.min_m("cuda_dequant", call.x.device)
-        if call.m < floor:
-            return False, f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
     # 16-byte code loads; the C++ op takes the weights as stored by a layer (contiguous).
     if call.weight_packed.data_ptr() % 16 or not call.weight_packed.is_contiguous():
         return False, "weight_packed must be contiguous and 16-byte aligned"
@@ -251,6 +253,15 @@ def _can_cuda_gemv(call: backends.LinearCall) -> tuple[bool, str]:
     return _cuda_ext_ready(call)
 
 
+def _mma_bucket(name: str, call: backends.LinearCall, instruction: str) -> str:
+    """The checks every tensor-core C++ backend shares after its own: a bucket of the static
+    table for this M, and a GPU with ``instruction``. "" when both hold."""
+    config, why = configs.lookup(name, call.m, call.x.device, _forced(name))
+    if config is None:
+        return why
+    return _tensor_cores(call, instruction)
+
+
 def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
     why = _a16_only(call)
     if why:
@@ -259,10 +270,7 @@ def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
         return False, f"x dtype {call.x.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
     if call.m > CUDA_MMA_MAX_M:
         return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
-    config, why = configs.lookup("cuda_mma", call.m, call.x.device, _forced("cuda_mma"))
-    if config is None:
-        return False, why
-    why = _tensor_cores(call, "mma.sync m16n8k16")
+    why = _mma_bucket("cuda_mma", call, "mma.sync m16n8k16")
     if why:
         return False, why
     return _cuda_ext_ready(call, ("v1", "a16"))
@@ -273,10 +281,7 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
     if call.m > CUDA_MMA_MAX_M:
         return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
-    config, why = configs.lookup("cuda_mma_a8", call.m, call.x.device, _forced("cuda_mma_a8"))
-    if config is None:
-        return False, why
-    why = _tensor_cores(call, "mma.sync m16n8k32 s8")
+    why = _mma_bucket("cuda_mma_a8", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why
     mod, why = _module("launch_fused")  # the per-token quantization runs in Triton
@@ -294,10 +299,7 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
     if call.m * call.n * call.k > CUDA_MMA_A8_FUSED_MAX_MNK and not _forced("cuda_mma_a8_fused"):
         return False, (f"M * N * K = {call.m * call.n * call.k} is above {CUDA_MMA_A8_FUSED_MAX_MNK}, where every "
                        "CTA re-reading x costs more than the quantization launch")  # fmt: skip
-    config, why = configs.lookup("cuda_mma_a8_fused", call.m, call.x.device, _forced("cuda_mma_a8_fused"))
-    if config is None:
-        return False, why
-    why = _tensor_cores(call, "mma.sync m16n8k32 s8")
+    why = _mma_bucket("cuda_mma_a8_fused", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why
     return _cuda_ext_ready(call, ("a8",))
