@@ -105,6 +105,7 @@ SM90: Table = {
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
+    "cuda_mma_tiles": [(_BIG, CudaMmaConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
         (32, FusedConfig(32, 128, num_warps=4, num_stages=4, swap=True, max_split_k=8)),
@@ -134,6 +135,7 @@ DEFAULT: Table = {
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(8, CudaGemvConfig())],
+    "cuda_mma_tiles": [(_BIG, CudaMmaConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=2)),
         (64, FusedConfig(64, 64, num_warps=4, num_stages=2)),
@@ -157,6 +159,7 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {
+    "cuda_mma_tiles": {"sm90": 17, "default": 17},
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }

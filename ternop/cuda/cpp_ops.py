@@ -9,6 +9,8 @@
                                      Tensor? bias=None) -> Tensor
     ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
                                 int layout) -> Tensor
+    ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale,
+                                  Tensor? bias=None) -> Tensor
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
@@ -38,7 +40,14 @@ _lib.define(
     "linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias, int layout) -> Tensor"
 )
 
-OPS = ("linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant")
+_lib.define(
+    "linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
+)
+
+OPS = (
+    "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
+    "linear_cuda_mma_tiles",
+)
 
 
 def _out(rows: torch.Tensor, weight_packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -72,6 +81,11 @@ def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None):
 
 @torch.library.register_fake("ternop::linear_cuda_dequant", lib=_lib)
 def _linear_cuda_dequant_fake(x, weight_packed, weight_scale, bias, layout):
+    return _out(x, weight_packed, x.dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_mma_tiles", lib=_lib)
+def _linear_cuda_mma_tiles_fake(x, weight_packed, weight_scale, bias=None):
     return _out(x, weight_packed, x.dtype)
 
 

@@ -2,7 +2,7 @@
 
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
 the reason and the registry skips the C++ backends (``cuda_gemv``, ``cuda_mma``,
-``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_dequant``). The build
+``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_mma_tiles``, ``cuda_dequant``). The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
 content of ``csrc/`` (headers included). So another ternop version, or an edited kernel, never
@@ -28,6 +28,7 @@ SOURCES = (
     CSRC / "ternary_mma.cu",
     CSRC / "ternary_mma_a8.cu",
     CSRC / "ternary_dequant.cu",
+    CSRC / "ternary_mma_tiles.cu",
 )
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"

@@ -7,6 +7,7 @@ Order (lower priority first):
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
 | ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1, a16 |
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
+| ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -305,6 +306,26 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
     return _cuda_ext_ready(call, ("a8",))
 
 
+def _can_cuda_mma_tiles(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a16_only(call)
+    if why:
+        return False, why
+    if call.x.dtype not in FLOAT16:
+        return False, f"x dtype {call.x.dtype} is not float16/bfloat16"
+    why = _mma_bucket("cuda_mma_tiles", call, "mma.sync m16n8k16 and cp.async")
+    if not why and call.m < configs.min_m("cuda_mma_tiles", call.x.device) and not _forced("cuda_mma_tiles"):
+        why = f"M={call.m} is below M={configs.min_m('cuda_mma_tiles', call.x.device)}, where cuda_mma is faster"
+    if why:
+        return False, why
+    return _cuda_ext_ready(call, ("a16",))
+
+
+def _run_cuda_mma_tiles(call: backends.LinearCall) -> torch.Tensor:
+    # Takes x's row stride as it is (_cuda_ext_ready checked its alignment).
+    bias = call.bias.contiguous() if call.bias is not None else None
+    return torch.ops.ternop.linear_cuda_mma_tiles(call.x, call.weight_packed, call.weight_scale, bias)
+
+
 def _contiguous(call: backends.LinearCall):
     bias = call.bias.contiguous() if call.bias is not None else None
     return call.x.contiguous(), call.weight_packed, call.weight_scale, bias
@@ -333,6 +354,7 @@ BACKENDS = (
     backends.Backend("cuda_mma_a8_fused", "cuda", 4, _can_cuda_mma_a8_fused, _run_cuda_mma_a8_fused),
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
     backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
+    backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),
     backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16),

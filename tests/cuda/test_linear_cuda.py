@@ -20,14 +20,21 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BACKENDS = ["cuda_mma", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm", "triton_gemv",
-            "dequant_any"]  # fmt: skip
+BACKENDS = ["cuda_mma", "cuda_mma_tiles", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm",
+            "triton_gemv", "dequant_any"]  # fmt: skip
 SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 # Every backend that needs the C++ extension: where nvcc exists, a failed build is a failure.
-EXT_BACKENDS = (*CPP_BACKENDS, "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused")
+EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
-LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_gemv": ("v1",), "triton_gemm": ("v1",), "triton_gemv": ("v1",)}
+LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_tiles": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
+              "triton_gemv": ("v1",)}  # fmt: skip
+
+
+def _layout_for(name):
+    """The layout a forced backend is tested in: v1 where it reads v1, else its first layout."""
+    readable = LAYOUTS_OF.get(name, layouts.LAYOUTS)
+    return "v1" if "v1" in readable else readable[0]
 
 # (M, K, N): every M, K and N of the issue appears, in a sample that runs in seconds.
 SHAPES = [
@@ -187,6 +194,56 @@ def test_linear_cuda_mma_shapes_with_bias(monkeypatch, dtype):
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
 
+# The mid-M kernel: M at the edges of its three tiles (32, 64, 128 tokens) and past one tile,
+# N not a multiple of its 64 rows, K from one scale block to 112 (split-K when the tiles are few:
+# 1 -> 8 blocks, 1024 x 1024 at M = 40 splits K four ways).
+TILES_SHAPES = [
+    (17, 128, 136),
+    (31, 384, 1152),
+    (32, 1024, 1024),
+    (33, 3072, 1024),
+    (40, 1024, 1024),
+    (64, 2176, 200),
+    (65, 4096, 4096),
+    (127, 14336, 136),
+    (128, 1024, 3072),
+    (129, 1024, 1152),
+    (300, 4096, 1024),
+    (1000, 1024, 4096),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_cuda_mma_tiles_shapes_with_bias_and_row_stride(monkeypatch, dtype):
+    for m, k, n in TILES_SHAPES:
+        v1, scale = _weights(n, k)
+        packed = layouts.repack(v1, "a16")
+        x = torch.randn(m, k + 64, device="cuda").to(dtype)[:, 32 : 32 + k]  # rows k + 64 apart
+        bias = torch.randn(n, device="cuda").to(dtype)
+        _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
+        _force(monkeypatch, "cuda_mma_tiles")
+        y = ternop.linear(x, packed, scale, bias, layout="a16")
+        _check(y, x, v1, scale, bias)
+        again = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias)
+        assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
+        assert torch.equal(y, torch.ops.ternop.linear_cuda_mma_tiles(x.contiguous(), packed, scale, bias))
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+
+
+def test_linear_cuda_mma_tiles_matches_cuda_mma_where_they_meet():
+    """The same per-block fp32 arithmetic: M = 16 through both kernels gives the same bits."""
+    v1, scale = _weights(1152, 4096)
+    packed = layouts.repack(v1, "a16")
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
+    small = torch.ops.ternop.linear_cuda_mma(x, packed, scale, None, True)
+    tiles = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, None)
+    # Both sum each block's 8 MMAs in fp32 and scale once per block; the MMA order inside a
+    # block may differ, so allow the last bit.
+    torch.testing.assert_close(tiles, small, rtol=1e-2, atol=1e-2)
+    _check(tiles, x, v1, scale)
+
+
 def test_linear_cuda_mma_declines_with_reasons():
     packed, scale = _weights(136, 512)
     x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
@@ -208,30 +265,34 @@ def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
     k, n = 1024, 136
     packed, scale = _weights(n, k)
     bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]  # strided: every kernel must index it by its stride
+    layout = _layout_for(name)
+    stored = layouts.repack(packed, layout)
     m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16}.get(name, 80)
     x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
-    if name in ("cuda_mma", "triton_a16") and dtype == torch.float32:
-        ok, why = backends.get(name).can_implement(_call(x3, packed, scale, bias))
+    if name in ("cuda_mma", "cuda_mma_tiles", "triton_a16") and dtype == torch.float32:
+        ok, why = backends.get(name).can_implement(_call(x3, stored, scale, bias, layout=layout))
         assert not ok and "float32" in why
         name = None  # the dispatcher must still serve fp32 with another backend
-    _skip_unavailable(name, x3, packed, scale)
+    _skip_unavailable(name, x3, stored, scale, layout=layout)
     _force(monkeypatch, name)
-    _check(ternop.linear(x3, packed, scale, bias), x3, packed, scale, bias)
+    _check(ternop.linear(x3, stored, scale, bias, layout=layout), x3, packed, scale, bias)
     x_nc = torch.randn(2 * k, m_total, device="cuda").to(dtype).t()[:, ::2]  # [M, K], strides (1, 2M)
     assert not x_nc.is_contiguous()
-    y = ternop.linear(x_nc, packed, scale, bias)
+    y = ternop.linear(x_nc, stored, scale, bias, layout=layout)
     _check(y, x_nc, packed, scale, bias)
-    assert torch.equal(y, ternop.linear(x_nc.contiguous(), packed, scale, bias))
+    assert torch.equal(y, ternop.linear(x_nc.contiguous(), stored, scale, bias, layout=layout))
 
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_linear_cuda_reserved_code_reads_as_zero(monkeypatch, name):
     packed, scale = _weights(264, 512, reserved=True)
     assert bool((((packed & (packed >> 1)) & 0x55) != 0).any())
-    x = torch.randn(3, 512, device="cuda", dtype=torch.float16)
-    _skip_unavailable(name, x, packed, scale)
+    layout = _layout_for(name)
+    stored = layouts.repack(packed, layout)
+    x = torch.randn(3 if name != "cuda_mma_tiles" else 40, 512, device="cuda", dtype=torch.float16)
+    _skip_unavailable(name, x, stored, scale, layout=layout)
     _force(monkeypatch, name)
-    _check(ternop.linear(x, packed, scale), x, packed, scale)
+    _check(ternop.linear(x, stored, scale, layout=layout), x, packed, scale)
 
 
 def test_linear_cuda_dispatch_by_m():
@@ -266,56 +327,58 @@ def _skip_guards(entries):
     return [False] * len(entries)
 
 
-def test_linear_cuda_compile_dynamic_m_one_graph():
-    """vLLM traces once with a symbolic M and drops the guards: M=1 and M=4096 must both be
-    right in that one graph (a kernel chosen at trace time would be wrong for one of them)."""
-    packed, scale = _weights(1152, 1024)
+@pytest.mark.parametrize("layout", ["v1", "a16"])
+def test_linear_cuda_compile_dynamic_m_one_graph(layout):
+    """vLLM traces once with a symbolic M and drops the guards: M=1, 64 and 4096 must all be
+    right in that one graph (a kernel chosen at trace time would be wrong for some of them)."""
+    v1, scale = _weights(1152, 1024)
+    packed = layouts.repack(v1, layout)
     bias = torch.randn(1152, device="cuda", dtype=torch.bfloat16)
 
     def f(x):
-        return ternop.linear(x, packed, scale, bias) * 2.0
+        return ternop.linear(x, packed, scale, bias, layout=layout) * 2.0
 
     skip = getattr(torch.compiler, "skip_all_guards_unsafe", _skip_guards)
     compiled = torch.compile(f, fullgraph=True, dynamic=True, options={"guard_filter_fn": skip})
     # Traced with symbolic M. M=5 on purpose: dynamic=True duck-sizes every input dim, and an
     # M equal to another size (K/128 = 8 here) would tie M to it in the graph.
     compiled(torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16))
-    x_small = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
-    x_big = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        y_small = compiled(x_small)
-        y_big = compiled(x_big)
-    _check(y_small / 2, x_small, packed, scale, bias)
-    _check(y_big / 2, x_big, packed, scale, bias)
-    torch.testing.assert_close(y_small, f(x_small), rtol=0, atol=0)
-    torch.testing.assert_close(y_big, f(x_big), rtol=0, atol=0)
+    for m in (1, 64, 4096):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            y = compiled(x)
+        _check(y / 2, x, v1, scale, bias)
+        torch.testing.assert_close(y, f(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
     "m,name,dtype",
     [(1, None, torch.float16), (3, None, torch.float16), (64, None, torch.float16), (1000, None, torch.float16),
-     (1, "cuda_mma", torch.bfloat16), (16, "cuda_mma", torch.float16)],
+     (1, "cuda_mma", torch.bfloat16), (16, "cuda_mma", torch.float16), (64, "cuda_mma_tiles", torch.bfloat16),
+     (40, "cuda_mma_tiles", torch.float16)],
 )
 def test_linear_cuda_graph_capture_replays(monkeypatch, m, name, dtype):
-    packed, scale = _weights(4096, 1024)
-    bias = torch.randn(4096, device="cuda", dtype=dtype)
+    layout = _layout_for(name)
+    packed, scale = _weights(4096 if m != 40 else 1024, 1024)  # 1024 x 1024 at M = 40 splits K
+    packed = layouts.repack(packed, layout)
+    bias = torch.randn(packed.shape[0], device="cuda", dtype=dtype)
     x = torch.randn(m, 1024, device="cuda", dtype=dtype)
-    _skip_unavailable(name, x, packed, scale)
+    _skip_unavailable(name, x, packed, scale, layout=layout)
     _force(monkeypatch, name)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: JIT compiles and the extension build happen here
         for _ in range(2):
-            ternop.linear(x, packed, scale, bias)
+            ternop.linear(x, packed, scale, bias, layout=layout)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = ternop.linear(x, packed, scale, bias)
+        y = ternop.linear(x, packed, scale, bias, layout=layout)
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(y, ternop.linear(x, packed, scale, bias), rtol=0, atol=0)
+        torch.testing.assert_close(y, ternop.linear(x, packed, scale, bias, layout=layout), rtol=0, atol=0)
 
 
 def test_linear_cuda_reduce_overhead_matches_eager():

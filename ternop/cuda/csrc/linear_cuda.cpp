@@ -10,6 +10,7 @@
 //                                    Tensor? bias=None) -> Tensor
 //   ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
 //                               int layout) -> Tensor
+//   ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -19,7 +20,9 @@
 // [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
 // and quantizes it inside the kernel, with the same result. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
-// 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). They allocate only through
+// 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
+// any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
+// layout; ternary_mma_tiles.cu) adds an fp32 workspace when it splits K. They allocate only through
 // the caching allocator and launch on the current stream, so they are safe inside CUDA graph
 // capture.
 
@@ -43,6 +46,10 @@ cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtyp
 bool ternary_mma_a8_fused_takes(int M, int K);
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
                                         const void* bias, void* out, int M, int N, int K, cudaStream_t stream);
+int ternary_mma_tiles_splits(int M, int N, int K, int sms);
+cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
+                                     const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
+                                     cudaStream_t stream);
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
 }  // namespace ternop
@@ -203,6 +210,37 @@ at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_pac
   return at::linear(x, w, bias);
 }
 
+at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                                 const std::optional<at::Tensor>& bias) {
+  const char* op = "ternop.linear_cuda_mma_tiles";
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.size(0) >= 1, op, ": x must be a 2-D CUDA tensor with M >= 1, got ",
+              x.sizes());
+  const int code = dtype_code(x.scalar_type());
+  TORCH_CHECK(code == 0 || code == 1, op, ": x must be float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.stride(1) == 1 && x.stride(0) >= x.size(1) && x.stride(0) % 8 == 0 && aligned16(x), op,
+              ": x's rows must be unit-stride, 16-byte aligned, and a multiple of 8 elements apart");
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  TORCH_CHECK(M <= INT32_MAX, op, ": M must fit in int32");
+  at::Tensor keep;
+  const void* b = bias_pointer(op, bias, x.scalar_type(), N, keep);
+  const c10::cuda::CUDAGuard guard(x.device());
+  int sms = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()) == cudaSuccess, op,
+              ": could not read the device's multiprocessor count");
+  const int splits = ternop::ternary_mma_tiles_splits(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), sms);
+  at::Tensor out = at::empty({M, N}, x.options());
+  at::Tensor workspace;
+  if (splits > 1) workspace = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
+  const cudaError_t err = ternop::launch_ternary_mma_tiles(
+      x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
+      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(),
+      splits > 1 ? workspace.data_ptr<float>() : nullptr, static_cast<int>(M), static_cast<int>(N),
+      static_cast<int>(K), splits, stream_of(x));
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
@@ -211,4 +249,5 @@ TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda_mma_a8", &linear_cuda_mma_a8);
   m.impl("linear_cuda_mma_a8_fused", &linear_cuda_mma_a8_fused);
   m.impl("linear_cuda_dequant", &linear_cuda_dequant);
+  m.impl("linear_cuda_mma_tiles", &linear_cuda_mma_tiles);
 }

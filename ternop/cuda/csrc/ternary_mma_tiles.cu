@@ -1,0 +1,372 @@
+// Mid-M ternary linear on tensor cores: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for
+// M from 17 up (the buckets of ternop/cuda/configs.py say where it runs), x fp16 or bf16,
+// weights in the "a16" layout (ternop/layouts.py). No dense copy of W is ever written: each
+// weight is decoded once per CTA, in registers, and feeds BM / 8 mma.sync m16n8k16.
+//
+// ternary_mma.cu (M <= 16) keeps x in registers, one lane per 32 k; past two n8 tiles that runs
+// out of registers, and every warp would read x again. Here a CTA owns a tile of BN = 16 * WN
+// weight rows x BM tokens and stages, per 128-wide scale block, the block of x [BM x 128] and
+// of the codes [BN x 32 bytes] in shared memory with cp.async, kStages blocks ahead, so that
+// loads of later blocks overlap the MMAs of this one.
+//
+// Warps. WN x WM warps: warp (wn, wm) owns weight rows [16 wn, 16 wn + 16) of the tile and
+// tokens [wm * TM, wm * TM + TM), TM = BM / WM, as NT = TM / 8 n8 tiles that share each
+// decoded A fragment.
+//
+// Orientation. One mma multiplies A = 16 weight rows x 16 k by B = 16 k x 8 tokens into fp32
+// C [16 rows x 8 tokens]. k is in natural order (B comes from x in memory order through
+// ldmatrix), which the a16 layout makes cheap on the A side: lane (g = lane / 4, q = lane % 4)
+// needs, of word s (k in [16s, 16s + 16)) of rows g and g + 8, the pairs (2q, 2q + 1) and
+// (2q + 8, 2q + 9), and a16 keeps neighbours 2p and 2p + 1 in fields p and p + 8, 16 bits apart.
+// So (word >> 2q) & 0x00030003 is the first pair and (word >> (2q + 8)) & 0x00030003 the second,
+// as u = v + 1 in the low bits of two halves; OR-ed into 2^10 (fp16) or 2^7 (bf16), where one
+// ulp is 1, and minus (2^10 + 1) or (2^7 + 1) in one packed subtract, they are v, exactly.
+// A shift per word and a LOP3 and a subtract per pair: 1.5 instructions per two weights, spread
+// over NT MMAs.
+//
+// Scales. The 8 MMA steps of a block sum into a fresh fp32 fragment, which is then multiplied
+// by the block's fp16 scale (as fp32) and added to the accumulator, as in ternary_mma.cu: the
+// same arithmetic, so the two kernels agree where their M ranges meet. The scales of the next
+// block are loaded into registers one block ahead.
+//
+// x in shared memory. A token's 128 values are 16 chunks of 16 bytes; chunk c of token r is
+// stored at chunk c ^ (r % 8), so the eight 16-byte rows one ldmatrix reads (eight tokens, one
+// chunk) fall in different banks. Each ldmatrix.x4 yields the two B registers of two n8 tiles.
+// The codes of a row are 32 bytes per block, stored 48 bytes apart, so that the eight rows
+// a warp reads with one 16-byte load fall in different banks too.
+//
+// Split-K. Narrow layers (N = 1024) have too few tiles to fill the GPU; the launcher then gives
+// each CTA a range of scale blocks (blockIdx.z) and the CTAs write fp32 partials to a workspace
+// [S, M, N], which split_k_reduce_kernel adds in a fixed order (deterministic), adding the bias.
+//
+// Tokens past M and rows past N read the last token / row (loads stay unconditional); their
+// outputs are never written.
+
+#include <type_traits>
+
+#include "ternary_common.cuh"
+
+namespace ternop {
+
+namespace {
+
+constexpr int kRowBytes = 48;       // shared-memory stride of one row's 32 code bytes
+constexpr int kXRowBytes = 256;     // one token's 128 x values (fp16/bf16)
+
+template <typename T>
+struct Pair16;
+
+template <>
+struct Pair16<__half> {
+  using Pair = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024): ulp 1
+  static constexpr uint32_t kBias = 0x64016401u;   // (1025, 1025): fields hold v + 1
+};
+
+template <>
+struct Pair16<__nv_bfloat16> {
+  using Pair = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128): ulp 1
+  static constexpr uint32_t kBias = 0x43014301u;   // (129, 129)
+};
+
+// v of the two fields (j, j + 8) of w >> 0 (pre-shifted by the caller), as a pair of T.
+template <typename T>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, uint32_t magic) {
+  uint32_t r;
+  // 0xEA = (a & b) | c: one LOP3 with the magic in a register.
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(shifted), "n"(0x00030003), "r"(magic));
+  using P = typename Pair16<T>::Pair;
+  const uint32_t bias = Pair16<T>::kBias;
+  P d = __hsub2(*reinterpret_cast<const P*>(&r), *reinterpret_cast<const P*>(&bias));
+  return *reinterpret_cast<uint32_t*>(&d);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // no m16n8k16 before sm_80; the registry never launches it there
+#else
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+template <int BM, int WN, int WM, int kStages>
+struct Tile {
+  static constexpr int kWarps = WN * WM;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int BN = 16 * WN;
+  static constexpr int TM = BM / WM;
+  static constexpr int NT = TM / 8;
+  static constexpr int kXBytes = BM * kXRowBytes;
+  static constexpr int kWBytes = BN * kRowBytes;
+  static constexpr int kStageBytes = kXBytes + kWBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(NT % 2 == 0, "ldmatrix.x4 loads two n8 tiles");
+};
+
+// Issues the cp.async of scale block kb into stage buffer `stage`: x [BM x 128] swizzled and
+// the codes [BN x 32 bytes].
+template <typename T, int BM, int WN, int WM, int kStages>
+__device__ __forceinline__ void load_stage(uint8_t* stage, const T* __restrict__ x, int64_t ldx, int m0, int M,
+                                           const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N, int kb) {
+  using Cfg = Tile<BM, WN, WM, kStages>;
+  const uint32_t xs = smem_addr(stage);
+  const uint32_t ws = xs + Cfg::kXBytes;
+  static_assert(BM * 16 % Cfg::kThreads == 0, "whole x chunks per thread");
+#pragma unroll
+  for (int j = 0; j < BM * 16 / Cfg::kThreads; ++j) {
+    const int c = threadIdx.x + j * Cfg::kThreads;
+    const int r = c / 16, chunk = c % 16;
+    const int m = min(m0 + r, M - 1);
+    const T* src = x + m * ldx + kb * 128 + chunk * 8;
+    cp_async16(xs + r * kXRowBytes + ((chunk ^ (r & 7)) * 16), src);
+  }
+  // BN * 2 chunks: every thread of a one-warp-row tile, half of them when WM = 2.
+  if (const int c = threadIdx.x; c < Cfg::BN * 2) {
+    static_assert(Cfg::BN * 2 <= Cfg::kThreads, "one code chunk per thread at most");
+    const int r = c / 2, half = c % 2;
+    const int n = min(n0 + r, N - 1);
+    cp_async16(ws + r * kRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+  }
+}
+
+// Two CTAs per SM: at most 128 registers a thread with 8 warps (the shared memory allows two).
+template <typename T, int BM, int WN, int WM, int kStages>
+__global__ void __launch_bounds__(Tile<BM, WN, WM, kStages>::kThreads, 2)
+    ternary_mma_tiles_kernel(const T* __restrict__ x, int64_t ldx, const uint8_t* __restrict__ wp,
+                             const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
+                             float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
+  using Cfg = Tile<BM, WN, WM, kStages>;
+  constexpr int NT = Cfg::NT;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wn = warp % WN, wm = warp / WN;
+  const int g = lane / 4, q = lane % 4;
+  const int n0 = blockIdx.x * Cfg::BN, m0 = blockIdx.y * BM;
+  const int blocks = K / 128;
+  const int kb_begin = blockIdx.z * blocks_per_split;
+  const int count = max(0, min(blocks_per_split, blocks - kb_begin));
+  const int64_t row_bytes = K / 4;
+
+  // This lane's weight rows (for the scales) and its ldmatrix row address inside a stage.
+  const int row_g = min(n0 + 16 * wn + g, N - 1), row_g8 = min(n0 + 16 * wn + g + 8, N - 1);
+  const __half* ps_g = ws + static_cast<int64_t>(row_g) * blocks + kb_begin;
+  const __half* ps_g8 = ws + static_cast<int64_t>(row_g8) * blocks + kb_begin;
+  // ldmatrix.x4, lanes 8j..8j+7 give the rows of matrix j: tile 2i + j / 2, chunk 2s + j % 2.
+  const int lm_tok = wm * Cfg::TM + 8 * (lane / 16) + (lane % 8);  // + 16 i
+  const int lm_chunk = (lane / 8) % 2;                             // + 2 s
+  const uint32_t magic = Pair16<T>::kMagic;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < count)
+      load_stage<T, BM, WN, WM, kStages>(smem + s * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N,
+                                         kb_begin + s);
+    cp_async_commit();
+  }
+  float s_g = count > 0 ? __half2float(ps_g[0]) : 0.f, s_g8 = count > 0 ? __half2float(ps_g8[0]) : 0.f;
+
+  for (int i = 0; i < count; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // block i has landed for every thread; everyone is done with block i - 1
+    {
+      const int next = i + kStages - 1;
+      if (next < count)
+        load_stage<T, BM, WN, WM, kStages>(smem + (next % kStages) * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes,
+                                           n0, N, kb_begin + next);
+      cp_async_commit();
+    }
+    // The next block's scales, a block of MMAs ahead of their use.
+    const float sn_g = i + 1 < count ? __half2float(ps_g[i + 1]) : 0.f;
+    const float sn_g8 = i + 1 < count ? __half2float(ps_g8[i + 1]) : 0.f;
+
+    const uint8_t* stage = smem + (i % kStages) * Cfg::kStageBytes;
+    const uint32_t xs = smem_addr(stage);
+    const uint8_t* wrow = stage + Cfg::kXBytes + (16 * wn + g) * kRowBytes;
+    const uint4 wg_lo = *reinterpret_cast<const uint4*>(wrow);
+    const uint4 wg_hi = *reinterpret_cast<const uint4*>(wrow + 16);
+    const uint4 w8_lo = *reinterpret_cast<const uint4*>(wrow + 8 * kRowBytes);
+    const uint4 w8_hi = *reinterpret_cast<const uint4*>(wrow + 8 * kRowBytes + 16);
+    const uint32_t wg[8] = {wg_lo.x, wg_lo.y, wg_lo.z, wg_lo.w, wg_hi.x, wg_hi.y, wg_hi.z, wg_hi.w};
+    const uint32_t w8[8] = {w8_lo.x, w8_lo.y, w8_lo.z, w8_lo.w, w8_hi.x, w8_hi.y, w8_hi.z, w8_hi.w};
+
+    float c[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint32_t sg = wg[s] >> (2 * q), s8 = w8[s] >> (2 * q);
+      const uint32_t a[4] = {decode_pair<T>(sg, magic), decode_pair<T>(s8, magic), decode_pair<T>(sg >> 8, magic),
+                             decode_pair<T>(s8 >> 8, magic)};
+#pragma unroll
+      for (int t2 = 0; t2 < NT / 2; ++t2) {
+        const int tok = lm_tok + 16 * t2;
+        const int chunk = 2 * s + lm_chunk;
+        uint32_t b[4];
+        ldmatrix_x4(b, xs + tok * kXRowBytes + ((chunk ^ (tok & 7)) * 16));
+        mma_16816<T>(c[2 * t2], a, b[0], b[1]);
+        mma_16816<T>(c[2 * t2 + 1], a, b[2], b[3]);
+      }
+    }
+    // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      acc[t][0] = fmaf(c[t][0], s_g, acc[t][0]);
+      acc[t][1] = fmaf(c[t][1], s_g, acc[t][1]);
+      acc[t][2] = fmaf(c[t][2], s_g8, acc[t][2]);
+      acc[t][3] = fmaf(c[t][3], s_g8, acc[t][3]);
+    }
+    s_g = sn_g;
+    s_g8 = sn_g8;
+  }
+  cp_async_wait<0>();
+
+  // acc[t][r] is row n0 + 16 wn + g + 8 (r / 2), token m0 + wm * TM + 8 t + 2q + r % 2.
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = n0 + 16 * wn + g + 8 * (r / 2);
+      const int m = m0 + wm * Cfg::TM + 8 * t + 2 * q + (r & 1);
+      if (n < N && m < M) {
+        if (partial != nullptr) {
+          partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[t][r];
+        } else {
+          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] + bv);
+        }
+      }
+    }
+}
+
+// out[m, n] = sum_s partial[s, m, n] (+ bias[n]), the slices in order.
+template <typename T>
+__global__ void split_k_reduce_kernel(const float* __restrict__ partial, const T* __restrict__ bias,
+                                      T* __restrict__ out, int64_t MN, int N, int splits) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < MN;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = partial[i];
+    for (int s = 1; s < splits; ++s) v += partial[s * MN + i];
+    if (bias != nullptr) v += Fp<T>::to_float(bias[i % N]);
+    out[i] = Fp<T>::from_float(v);
+  }
+}
+
+template <typename T, int BM, int WN, int WM, int kStages>
+cudaError_t launch_tiles(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
+                         float* workspace, int M, int N, int K, int splits, cudaStream_t stream) {
+  using Cfg = Tile<BM, WN, WM, kStages>;
+  auto kernel = ternary_mma_tiles_kernel<T, BM, WN, WM, kStages>;
+  // Past the 48 KiB a launch may take unasked; set on every launch (cheap, and per device).
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int blocks = K / 128;
+  const int per_split = (blocks + splits - 1) / splits;
+  const dim3 grid((N + Cfg::BN - 1) / Cfg::BN, (M + BM - 1) / BM, splits);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(x, ldx, wp, ws, bias, out, splits > 1 ? workspace : nullptr,
+                                                          M, N, K, per_split);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  const int64_t mn = static_cast<int64_t>(M) * N;
+  const int threads = 256;
+  const int64_t want = (mn + threads - 1) / threads;
+  const int grid_r = static_cast<int>(want < 4096 ? want : 4096);
+  split_k_reduce_kernel<T><<<grid_r, threads, 0, stream>>>(workspace, bias, out, mn, N, splits);
+  return cudaGetLastError();
+}
+
+// The tile for an M: the smallest BM that covers it, up to 128 (larger M tiles over blockIdx.y).
+// kind 0: BM 32 (4 warps x 16 rows, 4 n8 tiles each); 1: BM 64 (4 x 1 warps, 8 tiles); 2: BM 128
+// (4 x 2 warps, 8 tiles each).
+int tile_kind(int M) { return M <= 32 ? 0 : (M <= 64 ? 1 : 2); }
+int tile_bm(int kind) { return kind == 0 ? 32 : (kind == 1 ? 64 : 128); }
+constexpr int kTileBN = 64;  // every kind: 4 warps of 16 rows
+
+}  // namespace
+
+// Splits of K for this launch: doubled while the CTAs are fewer than two per SM and each split
+// keeps at least two scale blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
+int ternary_mma_tiles_splits(int M, int N, int K, int sms) {
+  const int bm = tile_bm(tile_kind(M));
+  const int tiles = ((N + kTileBN - 1) / kTileBN) * ((M + bm - 1) / bm);
+  const int blocks = K / 128;
+  int splits = 1;
+  while (splits < 16 && tiles * splits < 2 * sms && blocks / (2 * splits) >= 2) splits *= 2;
+  return splits;
+}
+
+// x: [M, K] with row stride ldx (elements, a multiple of 8), fp16 or bf16; wp: uint8 [N, K/4]
+// in the a16 layout; ws: fp16 [N, K/128]; bias [N] in x's dtype or nullptr; out [M, N];
+// workspace: fp32 [splits, M, N] when splits > 1. x, wp 16-byte aligned, K a multiple of 128.
+cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
+                                     const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
+                                     cudaStream_t stream) {
+  if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    const T* bt = static_cast<const T*>(bias);
+    T* ot = static_cast<T*>(out);
+    switch (tile_kind(M)) {
+      case 0: return launch_tiles<T, 32, 4, 1, 4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 1: return launch_tiles<T, 64, 4, 1, 4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_tiles<T, 128, 4, 2, 3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+    }
+  });
+}
+
+}  // namespace ternop
