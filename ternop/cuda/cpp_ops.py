@@ -10,12 +10,13 @@
     ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
                                 int layout) -> Tensor
     ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale,
-                                  Tensor? bias=None) -> Tensor
+                                  Tensor? bias=None, int tile=-1) -> Tensor
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
 which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and dtypes are
-those of ``linear_cuda.cpp``'s header comment.
+those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_tiles`` is -1 (the
+kernel picks its tile by M and N) or one of its tiles 0..5 (for benchmarks).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ _lib.define(
 )
 
 _lib.define(
-    "linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
+    "linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, int tile=-1) "
+    "-> Tensor"
 )
 
 OPS = (
@@ -85,7 +87,7 @@ def _linear_cuda_dequant_fake(x, weight_packed, weight_scale, bias, layout):
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma_tiles", lib=_lib)
-def _linear_cuda_mma_tiles_fake(x, weight_packed, weight_scale, bias=None):
+def _linear_cuda_mma_tiles_fake(x, weight_packed, weight_scale, bias=None, tile=-1):
     return _out(x, weight_packed, x.dtype)
 
 

@@ -227,19 +227,20 @@ def test_linear_cuda_mma_tiles_shapes_with_bias_and_row_stride(monkeypatch, dtyp
         again = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias)
         assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
         assert torch.equal(y, torch.ops.ternop.linear_cuda_mma_tiles(x.contiguous(), packed, scale, bias))
+        for tile in range(6):  # every tile the kernel has, whatever auto_tile picks
+            _check(torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias, tile), x, v1, scale, bias)
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
 
 def test_linear_cuda_mma_tiles_matches_cuda_mma_where_they_meet():
-    """The same per-block fp32 arithmetic: M = 16 through both kernels gives the same bits."""
+    """M = 16 through both kernels agrees to bf16 rounding (cuda_mma scales each block's fp32
+    partial, cuda_mma_tiles the decoded weights in bf16, as ternop.dequantize does)."""
     v1, scale = _weights(1152, 4096)
     packed = layouts.repack(v1, "a16")
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
     small = torch.ops.ternop.linear_cuda_mma(x, packed, scale, None, True)
     tiles = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, None)
-    # Both sum each block's 8 MMAs in fp32 and scale once per block; the MMA order inside a
-    # block may differ, so allow the last bit.
     torch.testing.assert_close(tiles, small, rtol=1e-2, atol=1e-2)
     _check(tiles, x, v1, scale)
 

@@ -10,7 +10,8 @@
 //                                    Tensor? bias=None) -> Tensor
 //   ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
 //                               int layout) -> Tensor
-//   ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
+//   ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
+//                                 int tile=-1) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -52,10 +53,10 @@ cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtyp
 bool ternary_mma_a8_fused_takes(int M, int K);
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
                                         const void* bias, void* out, int M, int N, int K, cudaStream_t stream);
-int ternary_mma_tiles_splits(int M, int N, int K, int sms);
+int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile);
 cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
                                      const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
-                                     cudaStream_t stream);
+                                     int tile, cudaStream_t stream);
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
 }  // namespace ternop
@@ -379,7 +380,7 @@ at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_pac
 }
 
 at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                                 const std::optional<at::Tensor>& bias) {
+                                 const std::optional<at::Tensor>& bias, int64_t tile) {
   const char* op = "ternop.linear_cuda_mma_tiles";
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.size(0) >= 1, op, ": x must be a 2-D CUDA tensor with M >= 1, got ",
               x.sizes());
@@ -396,7 +397,8 @@ at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_p
   int sms = 0;
   TORCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()) == cudaSuccess, op,
               ": could not read the device's multiprocessor count");
-  const int splits = ternop::ternary_mma_tiles_splits(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), sms);
+  const int splits = ternop::ternary_mma_tiles_splits(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
+                                                      sms, static_cast<int>(tile));
   at::Tensor out = at::empty({M, N}, x.options());
   at::Tensor workspace;
   if (splits > 1) workspace = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
@@ -404,7 +406,7 @@ at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_p
       x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
       reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(),
       splits > 1 ? workspace.data_ptr<float>() : nullptr, static_cast<int>(M), static_cast<int>(N),
-      static_cast<int>(K), splits, stream_of(x));
+      static_cast<int>(K), splits, static_cast<int>(tile), stream_of(x));
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }

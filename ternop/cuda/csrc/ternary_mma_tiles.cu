@@ -4,14 +4,22 @@
 // weight is decoded once per CTA, in registers, and feeds BM / 8 mma.sync m16n8k16.
 //
 // ternary_mma.cu (M <= 16) keeps x in registers, one lane per 32 k; past two n8 tiles that runs
-// out of registers, and every warp would read x again. Here a CTA owns a tile of BN = 16 * WN
-// weight rows x BM tokens and stages, per 128-wide scale block, the block of x [BM x 128] and
-// of the codes [BN x 32 bytes] in shared memory with cp.async, kStages blocks ahead, so that
-// loads of later blocks overlap the MMAs of this one.
+// out of registers, and every warp would read x again. Here a CTA owns a tile of BN weight rows
+// x BM tokens and stages, per 128-wide scale block, the block of x [BM x 128] and of the codes
+// [BN x 32 bytes] in shared memory with cp.async, kStages blocks ahead, so that loads of later
+// blocks overlap the MMAs of this one.
 //
-// Warps. WN x WM warps: warp (wn, wm) owns weight rows [16 wn, 16 wn + 16) of the tile and
-// tokens [wm * TM, wm * TM + TM), TM = BM / WM, as NT = TM / 8 n8 tiles that share each
-// decoded A fragment.
+// Why wide tiles. Every CTA reads the x of its BM tokens in full: N / BN times in all, from L2.
+// At M = 128 on 4096 -> 14336, 64-row tiles read 235 MB of x per call, more than the time cuBLAS
+// takes; 256-row tiles read a quarter of it. And a warp that owns two m16 tiles (MT = 2) feeds
+// each B fragment it loads from shared memory to two MMAs, halving the shared-memory traffic
+// per MMA, which with one m16 tile is at the bandwidth the MMAs need at full rate.
+//
+// Warps. WN x WM warps: warp (wn, wm) owns weight rows [16 MT wn, 16 MT (wn + 1)) of the tile
+// (MT m16 tiles) and tokens [wm TM, (wm + 1) TM), TM = BM / WM, as NT = TM / 8 n8 tiles that
+// share each decoded A fragment. The six tiles are listed at Tile0..Tile5; auto_tile picks one
+// by M and N (the H200 sweep in benchmarks/results/h200 chose it), and the op can be asked
+// for any of them.
 //
 // Orientation. One mma multiplies A = 16 weight rows x 16 k by B = 16 k x 8 tokens into fp32
 // C [16 rows x 8 tokens]. k is in natural order (B comes from x in memory order through
@@ -21,13 +29,12 @@
 // So (word >> 2q) & 0x00030003 is the first pair and (word >> (2q + 8)) & 0x00030003 the second,
 // as u = v + 1 in the low bits of two halves; OR-ed into 2^10 (fp16) or 2^7 (bf16), where one
 // ulp is 1, and minus (2^10 + 1) or (2^7 + 1) in one packed subtract, they are v, exactly.
-// A shift per word and a LOP3 and a subtract per pair: 1.5 instructions per two weights, spread
-// over NT MMAs.
 //
-// Scales. The 8 MMA steps of a block sum into a fresh fp32 fragment, which is then multiplied
-// by the block's fp16 scale (as fp32) and added to the accumulator, as in ternary_mma.cu: the
-// same arithmetic, so the two kernels agree where their M ranges meet. The scales of the next
-// block are loaded into registers one block ahead.
+// Scales. One packed multiply turns a decoded pair v into v * scale in x's dtype: exact, since
+// v is 0 or +-1 and the fp16 scale is first rounded to x's dtype, which is what
+// ternop.dequantize does to every weight of a bf16 model. The MMAs then accumulate all of K
+// in fp32, with no per-block partials to keep in registers. The scales of the next block are
+// loaded into registers one block ahead.
 //
 // x in shared memory. A token's 128 values are 16 chunks of 16 bytes; chunk c of token r is
 // stored at chunk c ^ (r % 8), so the eight 16-byte rows one ldmatrix reads (eight tokens, one
@@ -88,13 +95,13 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
   __trap();  // no m16n8k16 before sm_80; the registry never launches it there
 #else
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -134,88 +141,121 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #endif
 }
 
-template <int BM, int WN, int WM, int kStages>
+template <int BM_, int WN_, int WM_, int MT_, int kStages_>
 struct Tile {
+  static constexpr int BM = BM_, WN = WN_, WM = WM_, MT = MT_, kStages = kStages_;
   static constexpr int kWarps = WN * WM;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int BN = 16 * WN;
+  static constexpr int BN = 16 * MT * WN;  // weight rows: each warp owns MT m16 tiles
   static constexpr int TM = BM / WM;
   static constexpr int NT = TM / 8;
   static constexpr int kXBytes = BM * kXRowBytes;
   static constexpr int kWBytes = BN * kRowBytes;
   static constexpr int kStageBytes = kXBytes + kWBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
+  // CTAs per SM that ptxas must fit: as many as the shared memory allows, up to 512 threads an
+  // SM (128 registers a thread); a tile that shared memory holds to fewer CTAs may use more.
+  static constexpr int kSmemCtas = (227 * 1024) / kSmemBytes;
+  static constexpr int kMinCtas = kThreads >= 512 || kSmemCtas <= 1 ? 1 : (512 / kThreads < kSmemCtas ? 512 / kThreads : kSmemCtas);
   static_assert(NT % 2 == 0, "ldmatrix.x4 loads two n8 tiles");
 };
 
 // Issues the cp.async of scale block kb into stage buffer `stage`: x [BM x 128] swizzled and
 // the codes [BN x 32 bytes].
-template <typename T, int BM, int WN, int WM, int kStages>
+template <typename Cfg, typename T>
 __device__ __forceinline__ void load_stage(uint8_t* stage, const T* __restrict__ x, int64_t ldx, int m0, int M,
                                            const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N, int kb) {
-  using Cfg = Tile<BM, WN, WM, kStages>;
   const uint32_t xs = smem_addr(stage);
   const uint32_t ws = xs + Cfg::kXBytes;
-  static_assert(BM * 16 % Cfg::kThreads == 0, "whole x chunks per thread");
+  static_assert(Cfg::BM * 16 % Cfg::kThreads == 0, "whole x chunks per thread");
 #pragma unroll
-  for (int j = 0; j < BM * 16 / Cfg::kThreads; ++j) {
+  for (int j = 0; j < Cfg::BM * 16 / Cfg::kThreads; ++j) {
     const int c = threadIdx.x + j * Cfg::kThreads;
     const int r = c / 16, chunk = c % 16;
     const int m = min(m0 + r, M - 1);
     const T* src = x + m * ldx + kb * 128 + chunk * 8;
     cp_async16(xs + r * kXRowBytes + ((chunk ^ (r & 7)) * 16), src);
   }
-  // BN * 2 chunks: every thread of a one-warp-row tile, half of them when WM = 2.
-  if (const int c = threadIdx.x; c < Cfg::BN * 2) {
-    static_assert(Cfg::BN * 2 <= Cfg::kThreads, "one code chunk per thread at most");
-    const int r = c / 2, half = c % 2;
-    const int n = min(n0 + r, N - 1);
-    cp_async16(ws + r * kRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+  // BN * 2 chunks of codes: one per thread (or two: BN * 2 = 2 * threads when WM = 1 and MT = 2).
+#pragma unroll
+  for (int j = 0; j < (Cfg::BN * 2 + Cfg::kThreads - 1) / Cfg::kThreads; ++j) {
+    const int c = threadIdx.x + j * Cfg::kThreads;
+    if (c < Cfg::BN * 2) {
+      const int r = c / 2, half = c % 2;
+      const int n = min(n0 + r, N - 1);
+      cp_async16(ws + r * kRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+    }
   }
 }
 
-// Two CTAs per SM: at most 128 registers a thread with 8 warps (the shared memory allows two).
-template <typename T, int BM, int WN, int WM, int kStages>
-__global__ void __launch_bounds__(Tile<BM, WN, WM, kStages>::kThreads, 2)
+// The block's scale of one row as a pair of T (the same value twice), to multiply a decoded pair.
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair(__half s) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 p = __halves2half2(s, s);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  } else {
+    const __nv_bfloat162 p = __float2bfloat162_rn(__half2float(s));
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using P = typename Pair16<T>::Pair;
+  P r = __hmul2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtas)
     ternary_mma_tiles_kernel(const T* __restrict__ x, int64_t ldx, const uint8_t* __restrict__ wp,
                              const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
                              float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
-  using Cfg = Tile<BM, WN, WM, kStages>;
-  constexpr int NT = Cfg::NT;
+  constexpr int NT = Cfg::NT, MT = Cfg::MT, kStages = Cfg::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wn = warp % WN, wm = warp / WN;
+  const int wn = warp % Cfg::WN, wm = warp / Cfg::WN;
   const int g = lane / 4, q = lane % 4;
-  const int n0 = blockIdx.x * Cfg::BN, m0 = blockIdx.y * BM;
+  const int n0 = blockIdx.x * Cfg::BN, m0 = blockIdx.y * Cfg::BM;
   const int blocks = K / 128;
   const int kb_begin = blockIdx.z * blocks_per_split;
   const int count = max(0, min(blocks_per_split, blocks - kb_begin));
   const int64_t row_bytes = K / 4;
 
-  // This lane's weight rows (for the scales) and its ldmatrix row address inside a stage.
-  const int row_g = min(n0 + 16 * wn + g, N - 1), row_g8 = min(n0 + 16 * wn + g + 8, N - 1);
-  const __half* ps_g = ws + static_cast<int64_t>(row_g) * blocks + kb_begin;
-  const __half* ps_g8 = ws + static_cast<int64_t>(row_g8) * blocks + kb_begin;
+  // Row (tile mt, half h) of this lane: 16 (MT wn + mt) + g + 8 h of the CTA's rows.
+  // Its scales: ps0[srow[mt][h] * blocks + kb] (32-bit offsets keep registers for the tiles).
+  const __half* ps0 = ws + kb_begin;
+  int srow[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) srow[mt][h] = min(n0 + 16 * (MT * wn + mt) + g + 8 * h, N - 1);
   // ldmatrix.x4, lanes 8j..8j+7 give the rows of matrix j: tile 2i + j / 2, chunk 2s + j % 2.
   const int lm_tok = wm * Cfg::TM + 8 * (lane / 16) + (lane % 8);  // + 16 i
   const int lm_chunk = (lane / 8) % 2;                             // + 2 s
   const uint32_t magic = Pair16<T>::kMagic;
 
-  float acc[NT][4];
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mt][t][r] = 0.f;
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < count)
-      load_stage<T, BM, WN, WM, kStages>(smem + s * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N,
-                                         kb_begin + s);
+      load_stage<Cfg>(smem + s * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N, kb_begin + s);
     cp_async_commit();
   }
-  float s_g = count > 0 ? __half2float(ps_g[0]) : 0.f, s_g8 = count > 0 ? __half2float(ps_g8[0]) : 0.f;
+  __half sc[MT][2];  // this block's scales, loaded a block ahead
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[mt][h] = count > 0 ? ps0[static_cast<int64_t>(srow[mt][h]) * blocks] : __float2half(0.f);
 
   for (int i = 0; i < count; ++i) {
     cp_async_wait<kStages - 2>();
@@ -223,74 +263,76 @@ __global__ void __launch_bounds__(Tile<BM, WN, WM, kStages>::kThreads, 2)
     {
       const int next = i + kStages - 1;
       if (next < count)
-        load_stage<T, BM, WN, WM, kStages>(smem + (next % kStages) * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes,
-                                           n0, N, kb_begin + next);
+        load_stage<Cfg>(smem + (next % kStages) * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N,
+                        kb_begin + next);
       cp_async_commit();
     }
-    // The next block's scales, a block of MMAs ahead of their use.
-    const float sn_g = i + 1 < count ? __half2float(ps_g[i + 1]) : 0.f;
-    const float sn_g8 = i + 1 < count ? __half2float(ps_g8[i + 1]) : 0.f;
+    uint32_t sp[MT][2];
+    __half sn[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sp[mt][h] = scale_pair<T>(sc[mt][h]);
+        sn[mt][h] = i + 1 < count ? ps0[static_cast<int64_t>(srow[mt][h]) * blocks + i + 1] : __float2half(0.f);
+      }
 
     const uint8_t* stage = smem + (i % kStages) * Cfg::kStageBytes;
     const uint32_t xs = smem_addr(stage);
-    const uint8_t* wrow = stage + Cfg::kXBytes + (16 * wn + g) * kRowBytes;
-    const uint4 wg_lo = *reinterpret_cast<const uint4*>(wrow);
-    const uint4 wg_hi = *reinterpret_cast<const uint4*>(wrow + 16);
-    const uint4 w8_lo = *reinterpret_cast<const uint4*>(wrow + 8 * kRowBytes);
-    const uint4 w8_hi = *reinterpret_cast<const uint4*>(wrow + 8 * kRowBytes + 16);
-    const uint32_t wg[8] = {wg_lo.x, wg_lo.y, wg_lo.z, wg_lo.w, wg_hi.x, wg_hi.y, wg_hi.z, wg_hi.w};
-    const uint32_t w8[8] = {w8_lo.x, w8_lo.y, w8_lo.z, w8_lo.w, w8_hi.x, w8_hi.y, w8_hi.z, w8_hi.w};
-
-    float c[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
+    const uint8_t* wrow = stage + Cfg::kXBytes + (16 * MT * wn + g) * kRowBytes;
 
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const uint32_t sg = wg[s] >> (2 * q), s8 = w8[s] >> (2 * q);
-      const uint32_t a[4] = {decode_pair<T>(sg, magic), decode_pair<T>(s8, magic), decode_pair<T>(sg >> 8, magic),
-                             decode_pair<T>(s8 >> 8, magic)};
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(wrow + 16 * mt * kRowBytes + 4 * s) >> (2 * q);
+        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(wrow + (16 * mt + 8) * kRowBytes + 4 * s) >> (2 * q);
+        // v * scale, exact: v is 0 or +-1, and the scale is already in x's dtype (for bf16 the
+        // rounding that ternop.dequantize applies to every weight).
+        a[mt][0] = mul2<T>(decode_pair<T>(w0, magic), sp[mt][0]);
+        a[mt][1] = mul2<T>(decode_pair<T>(w1, magic), sp[mt][1]);
+        a[mt][2] = mul2<T>(decode_pair<T>(w0 >> 8, magic), sp[mt][0]);
+        a[mt][3] = mul2<T>(decode_pair<T>(w1 >> 8, magic), sp[mt][1]);
+      }
 #pragma unroll
       for (int t2 = 0; t2 < NT / 2; ++t2) {
         const int tok = lm_tok + 16 * t2;
         const int chunk = 2 * s + lm_chunk;
         uint32_t b[4];
         ldmatrix_x4(b, xs + tok * kXRowBytes + ((chunk ^ (tok & 7)) * 16));
-        mma_16816<T>(c[2 * t2], a, b[0], b[1]);
-        mma_16816<T>(c[2 * t2 + 1], a, b[2], b[3]);
-      }
-    }
-    // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      acc[t][0] = fmaf(c[t][0], s_g, acc[t][0]);
-      acc[t][1] = fmaf(c[t][1], s_g, acc[t][1]);
-      acc[t][2] = fmaf(c[t][2], s_g8, acc[t][2]);
-      acc[t][3] = fmaf(c[t][3], s_g8, acc[t][3]);
-    }
-    s_g = sn_g;
-    s_g8 = sn_g8;
-  }
-  cp_async_wait<0>();
-
-  // acc[t][r] is row n0 + 16 wn + g + 8 (r / 2), token m0 + wm * TM + 8 t + 2q + r % 2.
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int n = n0 + 16 * wn + g + 8 * (r / 2);
-      const int m = m0 + wm * Cfg::TM + 8 * t + 2 * q + (r & 1);
-      if (n < N && m < M) {
-        if (partial != nullptr) {
-          partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[t][r];
-        } else {
-          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] + bv);
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(acc[mt][2 * t2], a[mt], b[0], b[1]);
+          mma_16816<T>(acc[mt][2 * t2 + 1], a[mt], b[2], b[3]);
         }
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sc[mt][h] = sn[mt][h];
+  }
+  cp_async_wait<0>();
+
+  // acc[mt][t][r] is row n0 + 16 (MT wn + mt) + g + 8 (r / 2), token m0 + wm TM + 8 t + 2q + r % 2.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int n = n0 + 16 * (MT * wn + mt) + g + 8 * (r / 2);
+        const int m = m0 + wm * Cfg::TM + 8 * t + 2 * q + (r & 1);
+        if (n < N && m < M) {
+          if (partial != nullptr) {
+            partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[mt][t][r];
+          } else {
+            const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+            out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[mt][t][r] + bv);
+          }
+        }
+      }
 }
 
 // out[m, n] = sum_s partial[s, m, n] (+ bias[n]), the slices in order.
@@ -306,19 +348,39 @@ __global__ void split_k_reduce_kernel(const float* __restrict__ partial, const T
   }
 }
 
-template <typename T, int BM, int WN, int WM, int kStages>
+// The tiles (BM tokens, WN x WM warps, MT m16 tiles a warp, stages); BN = 16 MT WN rows.
+using Tile0 = Tile<32, 4, 1, 1, 4>;   // BN  64,  4 warps
+using Tile1 = Tile<32, 8, 1, 2, 4>;   // BN 256,  8 warps
+using Tile2 = Tile<64, 4, 1, 2, 4>;   // BN 128,  4 warps
+using Tile3 = Tile<64, 8, 1, 2, 3>;   // BN 256,  8 warps
+using Tile4 = Tile<128, 4, 2, 2, 3>;  // BN 128,  8 warps
+using Tile5 = Tile<128, 8, 2, 2, 3>;  // BN 256, 16 warps
+constexpr int kTiles = 6;
+
+struct TileShape {
+  int bm, bn, smem;
+};
+
+template <typename Cfg>
+constexpr TileShape shape_of() {
+  return {Cfg::BM, Cfg::BN, Cfg::kSmemBytes};
+}
+
+constexpr TileShape kShapes[kTiles] = {shape_of<Tile0>(), shape_of<Tile1>(), shape_of<Tile2>(),
+                                       shape_of<Tile3>(), shape_of<Tile4>(), shape_of<Tile5>()};
+
+template <typename T, typename Cfg>
 cudaError_t launch_tiles(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
                          float* workspace, int M, int N, int K, int splits, cudaStream_t stream) {
-  using Cfg = Tile<BM, WN, WM, kStages>;
-  auto kernel = ternary_mma_tiles_kernel<T, BM, WN, WM, kStages>;
+  auto kernel = ternary_mma_tiles_kernel<T, Cfg>;
   // Past the 48 KiB a launch may take unasked; set on every launch (cheap, and per device).
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;
-  const dim3 grid((N + Cfg::BN - 1) / Cfg::BN, (M + BM - 1) / BM, splits);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(x, ldx, wp, ws, bias, out, splits > 1 ? workspace : nullptr,
-                                                          M, N, K, per_split);
+  const dim3 grid((N + Cfg::BN - 1) / Cfg::BN, (M + Cfg::BM - 1) / Cfg::BM, splits);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(x, ldx, wp, ws, bias, out,
+                                                          splits > 1 ? workspace : nullptr, M, N, K, per_split);
   err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
   const int64_t mn = static_cast<int64_t>(M) * N;
@@ -329,23 +391,28 @@ cudaError_t launch_tiles(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   return cudaGetLastError();
 }
 
-// The tile for an M: the smallest BM that covers it, up to 128 (larger M tiles over blockIdx.y).
-// kind 0: BM 32 (4 warps x 16 rows, 4 n8 tiles each); 1: BM 64 (4 x 1 warps, 8 tiles); 2: BM 128
-// (4 x 2 warps, 8 tiles each).
-int tile_kind(int M) { return M <= 32 ? 0 : (M <= 64 ? 1 : 2); }
-int tile_bm(int kind) { return kind == 0 ? 32 : (kind == 1 ? 64 : 128); }
-constexpr int kTileBN = 64;  // every kind: 4 warps of 16 rows
+// The tile for a call when none is forced (see ternary_mma_tiles_tile).
+int auto_tile(int M, int N) {
+  if (M <= 32) return N >= 4096 ? 1 : 0;
+  if (M <= 64) return N >= 4096 ? 3 : 2;
+  return N >= 4096 ? 5 : 4;
+}
 
 }  // namespace
 
-// Splits of K for this launch: doubled while the CTAs are fewer than two per SM and each split
-// keeps at least two scale blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
-int ternary_mma_tiles_splits(int M, int N, int K, int sms) {
-  const int bm = tile_bm(tile_kind(M));
-  const int tiles = ((N + kTileBN - 1) / kTileBN) * ((M + bm - 1) / bm);
+// The tile a call runs: `tile` when it names one (0..5, for benchmarks), else auto_tile(M, N).
+int ternary_mma_tiles_tile(int M, int N, int tile) { return tile >= 0 && tile < kTiles ? tile : auto_tile(M, N); }
+
+// Splits of K for this launch: doubled while the CTAs do not fill every SM's slots (as many
+// CTAs as the tile's shared memory lets an SM hold) and each split keeps at least two scale
+// blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
+int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile) {
+  const TileShape t = kShapes[ternary_mma_tiles_tile(M, N, tile)];
+  const int per_sm = max(1, (227 * 1024) / t.smem);
+  const int tiles = ((N + t.bn - 1) / t.bn) * ((M + t.bm - 1) / t.bm);
   const int blocks = K / 128;
   int splits = 1;
-  while (splits < 16 && tiles * splits < 2 * sms && blocks / (2 * splits) >= 2) splits *= 2;
+  while (splits < 16 && tiles * splits < per_sm * sms && blocks / (2 * splits) >= 2) splits *= 2;
   return splits;
 }
 
@@ -354,17 +421,20 @@ int ternary_mma_tiles_splits(int M, int N, int K, int sms) {
 // workspace: fp32 [splits, M, N] when splits > 1. x, wp 16-byte aligned, K a multiple of 128.
 cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
                                      const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
-                                     cudaStream_t stream) {
+                                     int tile, cudaStream_t stream) {
   if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
-    switch (tile_kind(M)) {
-      case 0: return launch_tiles<T, 32, 4, 1, 4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 1: return launch_tiles<T, 64, 4, 1, 4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_tiles<T, 128, 4, 2, 3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+    switch (ternary_mma_tiles_tile(M, N, tile)) {
+      case 0: return launch_tiles<T, Tile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 1: return launch_tiles<T, Tile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 2: return launch_tiles<T, Tile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 3: return launch_tiles<T, Tile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 4: return launch_tiles<T, Tile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_tiles<T, Tile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
     }
   });
 }

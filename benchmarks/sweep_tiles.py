@@ -1,0 +1,87 @@
+"""Times every tile of the mid-M tensor-core kernel (``cuda_mma_tiles``) against cuBLAS bf16.
+
+    python benchmarks/sweep_tiles.py [--out benchmarks/results/h200/sweep_tiles.json]
+
+The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has six tiles; ``auto_tile`` there
+picks one by M and N, and ``ternop.cuda.configs`` gives the backend its M range. This sweep is
+what both were chosen from: for each of bench_linear's eight shapes and each M, the time of
+every tile (``tile:<i>``), of the kernel's own choice (``tile:auto``) and of cuBLAS bf16, with
+bench_linear's method (CUDA-graph replays over weight copies rotated past the L2). Every tile's
+output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import ternop
+from ternop import layouts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
+
+MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+TILES = range(6)
+
+
+def run(ms, out_path: Path) -> dict:
+    ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])
+    op = torch.ops.ternop.linear_cuda_mma_tiles
+    results = []
+    for family, shapes in SHAPES.items():
+        for k, n in shapes:
+            base = make_weights(k, n, copies_for(n * k // 4 + 2 * n * (k // 128)))
+            a16 = [(layouts.repack(p, "a16"), s) for p, s in base]
+            dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
+            for m in ms:
+                x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+                ref = F.linear(x, dense[0]).float()
+                row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
+                errs = {}
+                for tile in (*TILES, -1):
+                    name = f"tile:{tile if tile >= 0 else 'auto'}"
+                    y = op(x, *a16[0], None, tile).float()
+                    errs[name] = float((y - ref).norm() / ref.norm())
+                    row[name] = time_graph(lambda i, t=tile: op(x, *a16[i % len(a16)], None, t), len(a16))
+                base_us = row["cublas_bf16"]
+                for name, us in row.items():
+                    results.append({
+                        "family": family, "K": k, "N": n, "M": m, "impl": name, "us": round(us, 3),
+                        "speedup_vs_bf16": round(base_us / us, 3), "max_rel_err": errs.get(name),
+                        "TFLOPs": round(2 * m * n * k / us / 1e6, 2),
+                    })
+                best = max((base_us / us, name) for name, us in row.items() if name.startswith("tile:"))
+                print(f"{family:5s} {k:6d}->{n:6d} M={m:4d} bf16 {base_us:8.2f} us  "
+                      + " ".join(f"{name[5:]}:x{base_us / us:4.2f}" for name, us in row.items() if name != "cublas_bf16")
+                      + f"  best {best[1][5:]} x{best[0]:4.2f}  max err {max(errs.values()):.2e}", flush=True)
+            del base, a16, dense
+            torch.cuda.empty_cache()
+            out_path.write_text(json.dumps(_report(results, complete=False), indent=1) + "\n")
+    return _report(results, complete=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_tiles.json"))
+    parser.add_argument("--ms", type=int, nargs="+", default=MS)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sweep_tiles needs a CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with torch.inference_mode():
+        report = run(args.ms, args.out)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
