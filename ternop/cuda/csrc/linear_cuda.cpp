@@ -21,23 +21,17 @@
 // [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
 // and quantizes it inside the kernel, with the same result. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
-// 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias); for large M and weights it
-// does so a chunk of rows at a time, dequantizing on a side stream under the GEMMs (see
-// dequant_chunking). linear_cuda_mma_tiles (mid M, any row stride that keeps rows 16-byte
-// aligned; fp16/bf16 x, weights in the a16 layout; ternary_mma_tiles.cu) adds an fp32 workspace
-// when it splits K. They allocate only through the caching allocator and launch on the current
-// stream (the side stream is forked from and joined back to it with events), so they are safe
-// inside CUDA graph capture.
+// 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
+// any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
+// layout; ternary_mma_tiles.cu) adds an fp32 workspace when it splits K. They allocate only through
+// the caching allocator and launch on the current stream, so they are safe inside CUDA graph
+// capture.
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAException.h>
 #include <cuda_fp16.h>
 #include <torch/library.h>
-
-#include <algorithm>
-#include <vector>
 
 namespace ternop {
 int ternary_gemv_max_m();
@@ -199,165 +193,6 @@ at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weigh
                   });
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// How linear_cuda_dequant splits the weight rows: `count` chunks of `rows` rows (the last one
-// takes what is left). Each chunk is dequantized on a side stream while the GEMM of the chunk
-// before it runs, so only the first chunk's dequantization is serial with the GEMMs.
-// count = 1 is the whole weight at once, then one at::linear (no side stream).
-struct Chunking {
-  int64_t count;
-  int64_t rows;
-};
-
-// The policy:
-//   - M < 1024 or a dense weight under 16 MiB: one chunk. The GEMM is too short to hide much
-//     under, and a single dequantization pass is already cheap.
-//   - otherwise one chunk per ~8 MiB of dense weight (to the nearest): the two ring buffers
-//     (16 MiB) stay in the H200's 50 MB L2 from the dequantization that writes a chunk to the
-//     GEMM that reads it;
-//   - at most 16 chunks, and at most one per 16 GFLOP of GEMM (~20 us on an H200): each
-//     chunk costs the host a launch, three event calls and a cuBLAS call (~10 us), which
-//     must stay under the chunk's GPU time or an eager call becomes bound by the host;
-//   - rows a multiple of 128 (whole cuBLAS tiles); fewer than two chunks after rounding is
-//     one.
-// 4096->14336 in bf16 gives 14 chunks of 1024 rows at M = 2048 and 7 of 2048 at M = 1024;
-// 14336->4096 gives 11 of 384 rows (the last 256) at M = 2048.
-Chunking dequant_chunking(int64_t M, int64_t N, int64_t K, int64_t elem_bytes) {
-  constexpr int64_t kMinM = 1024, kChunkBytes = int64_t{8} << 20, kMaxChunks = 16, kRowAlign = 128;
-  constexpr double kMinChunkFlops = 16e9;
-  const int64_t dense = N * K * elem_bytes;
-  if (M < kMinM || dense < 2 * kChunkBytes) return {1, N};
-  int64_t count = std::min((dense + kChunkBytes / 2) / kChunkBytes, kMaxChunks);
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  count = std::min(count, static_cast<int64_t>(flops / kMinChunkFlops));
-  if (count < 2) return {1, N};
-  const int64_t rows = ceil_div(ceil_div(N, count), kRowAlign) * kRowAlign;
-  count = ceil_div(N, rows);
-  return count < 2 ? Chunking{1, N} : Chunking{count, rows};
-}
-
-// Ring buffers of dense chunks: the side stream dequantizes chunk c + 1 while the GEMM of
-// chunk c reads the other one. (Three would only help if a dequantization outlasted a GEMM.)
-constexpr int64_t kRing = 2;
-
-// The fork/join events of the chunked path, created once per thread and device and reused by
-// every later call (creating 2 * kRing + 2 events per call is host time on a path whose point
-// is to be short). Reuse is safe: cudaStreamWaitEvent waits for the record made before it is
-// called, whatever is recorded on the event afterwards; every wait here follows its record in
-// host order. They are never destroyed: a handful per thread, and destroying them at thread
-// exit could run after the CUDA context is gone.
-cudaEvent_t pooled_event(c10::DeviceIndex device, size_t i) {
-  thread_local std::vector<std::vector<cudaEvent_t>> pool;
-  if (pool.size() <= static_cast<size_t>(device)) pool.resize(device + 1);
-  std::vector<cudaEvent_t>& events = pool[device];
-  while (events.size() <= i) {
-    cudaEvent_t e;
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    events.push_back(e);
-  }
-  return events[i];
-}
-
-void record(cudaEvent_t e, const c10::cuda::CUDAStream& s) { C10_CUDA_CHECK(cudaEventRecord(e, s.stream())); }
-void wait(const c10::cuda::CUDAStream& s, cudaEvent_t e) { C10_CUDA_CHECK(cudaStreamWaitEvent(s.stream(), e, 0)); }
-
-// Makes `cur` wait for everything queued on `side` when it goes out of scope, also when a
-// check throws halfway: no side-stream work is left outside the caller's stream order (a
-// capture would fail with an unjoined stream, and eager buffers would be freed under it).
-struct JoinOnExit {
-  c10::cuda::CUDAStream cur, side;
-  cudaEvent_t event;
-  ~JoinOnExit() {
-    C10_CUDA_CHECK_WARN(cudaEventRecord(event, side.stream()));
-    C10_CUDA_CHECK_WARN(cudaStreamWaitEvent(cur.stream(), event, 0));
-  }
-};
-
-// The chunked form of linear_cuda_dequant (dequant_chunking's count >= 2). Chunk c's weight
-// rows [n0, n0 + rows) are dequantized on a side stream into ring slot c % kRing, then
-// multiplied on the current stream straight into the columns out[:, n0:n0 + rows]:
-//
-//   side:    wait(fork) dq(0) ev dq(1) ev wait(gemm 0) dq(2) ev wait(gemm 1) dq(3) ...  join
-//   current: fork  wait(dq 0) gemm(0) ev  wait(dq 1) gemm(1) ev ...                      wait(join)
-//
-// Only events order the two streams (no host synchronisation), so the op can be captured in
-// a CUDA graph: the fork makes the side stream part of the capture and the join brings it
-// back before the op returns.
-//
-// The GEMM is at::mm_out (no bias) or Tensor::addmm_ (bias, beta = 1) on the column slice,
-// a [M, rows] view with strides (N, 1). ATen's CUDA addmm/mm (native/cuda/Blas.cpp,
-// prepare_matrix_for_cublas) takes such a result as the transposed column-major matrix with
-// ldc = stride(0) = N and calls cuBLAS on its data pointer; only a result with neither stride
-// 1 would be cloned and copied back. mm_out passes the out tensor as its own `self` and
-// addmm_ is in place, so neither copies a `self` into the result first either. x is used in
-// place the same way when its rows are unit-stride (any row stride), else made contiguous
-// once here rather than cloned by every chunk's GEMM. tests/cuda/test_dequant_overlap.py
-// checks with the profiler that no copy runs.
-//
-// The bias is written into out[:, n0:n0 + rows] on the side stream after dq(c), under the
-// same event, and the GEMM adds to it (beta = 1): round(x @ w.T + bias) as at::linear's
-// cuBLASLt bias epilogue computes it, with the fill overlapped with the previous GEMM
-// instead of a serial pass over [M, N] at the end.
-//
-// Lifetimes: out and the ring are allocated on the current stream before the fork, so the
-// side stream's writes are ordered after every earlier use of their memory. The ring is
-// freed (back to the caching allocator, on the current stream) when this returns, after the
-// join: any later reuse of its memory on the current stream is ordered after the side
-// stream's last write to it, so no record_stream is needed. The same holds for out and the
-// bias.
-at::Tensor linear_dequant_chunked(const at::Tensor& x, const uint8_t* wp, const __half* ws,
-                                  const std::optional<at::Tensor>& bias, int layout, int code, int64_t N,
-                                  const Chunking& chunks) {
-  const char* op = "ternop.linear_cuda_dequant";
-  const int64_t M = x.size(0), K = x.size(1);
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
-                op, ": bias must be a CUDA [N] = [", N, "] tensor of dtype ", x.scalar_type(), ", got ",
-                bias->scalar_type(), " ", bias->sizes());
-  }
-  const at::Tensor xs = x.stride(1) == 1 && x.stride(0) >= K ? x : x.contiguous();
-  at::Tensor out = at::empty({M, N}, x.options());
-  const int64_t ring = std::min(chunks.count, kRing);
-  at::Tensor buf = at::empty({ring * chunks.rows, K}, x.options());
-
-  const c10::DeviceIndex device = x.device().index();
-  const c10::cuda::CUDAStream cur = c10::cuda::getCurrentCUDAStream(device);
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
-  if (side == cur) side = c10::cuda::getStreamFromPool(false, device);  // the pool is round-robin
-  // Events: 0 the fork, 1 the join, 2 + slot "slot dequantized", 2 + kRing + slot "slot read".
-  record(pooled_event(device, 0), cur);
-  wait(side, pooled_event(device, 0));
-  const JoinOnExit join{cur, side, pooled_event(device, 1)};
-
-  for (int64_t c = 0; c < chunks.count; ++c) {
-    const int64_t slot = c % ring, n0 = c * chunks.rows, rows = std::min(chunks.rows, N - n0);
-    const cudaEvent_t dequantized = pooled_event(device, 2 + slot), read = pooled_event(device, 2 + kRing + slot);
-    const at::Tensor w = buf.narrow(0, slot * chunks.rows, rows);
-    at::Tensor cols = out.narrow(1, n0, rows);
-    if (c >= ring) wait(side, read);  // the GEMM of chunk c - ring has read this slot
-    // Rows are independent in every layout: chunk c is the launch on the codes and scales
-    // from row n0 on (n0 * K / 4 bytes is a multiple of 16, n0 being a multiple of 128).
-    const cudaError_t err =
-        ternop::launch_ternary_dequant(wp + n0 * (K / 4), ws + n0 * (K / 128), layout, code, w.data_ptr(),
-                                       static_cast<int>(rows), static_cast<int>(K), side.stream());
-    TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-    if (bias.has_value()) {
-      const c10::cuda::CUDAStreamGuard on_side(side);
-      cols.copy_(bias->narrow(0, n0, rows).unsqueeze(0).expand({M, rows}));
-    }
-    record(dequantized, side);
-    wait(cur, dequantized);
-    if (bias.has_value()) {
-      cols.addmm_(xs, w.t());
-    } else {
-      at::mm_out(cols, xs, w.t());
-    }
-    if (c + ring < chunks.count) record(read, cur);
-  }
-  return out;
-}
-
 at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
                                const std::optional<at::Tensor>& bias, int64_t layout) {
   const char* op = "ternop.linear_cuda_dequant";
@@ -365,16 +200,13 @@ at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_pac
   const int code = dtype_code(x.scalar_type());
   TORCH_CHECK(code >= 0, op, ": x must be float16, bfloat16 or float32, got ", x.scalar_type());
   TORCH_CHECK(layout >= 0 && layout <= 2, op, ": layout must be 0 (v1), 1 (a16) or 2 (a8), got ", layout);
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t K = x.size(1);
   const int64_t N = check_weights(op, weight_packed, weight_scale, K);
   const c10::cuda::CUDAGuard guard(x.device());
-  const uint8_t* wp = weight_packed.data_ptr<uint8_t>();
-  const __half* ws = reinterpret_cast<const __half*>(weight_scale.data_ptr());
-  const Chunking chunks = dequant_chunking(M, N, K, x.element_size());
-  if (chunks.count > 1) return linear_dequant_chunked(x, wp, ws, bias, static_cast<int>(layout), code, N, chunks);
   at::Tensor w = at::empty({N, K}, x.options());
-  const cudaError_t err = ternop::launch_ternary_dequant(wp, ws, static_cast<int>(layout), code, w.data_ptr(),
-                                                         static_cast<int>(N), static_cast<int>(K), stream_of(x));
+  const cudaError_t err = ternop::launch_ternary_dequant(
+      weight_packed.data_ptr<uint8_t>(), reinterpret_cast<const __half*>(weight_scale.data_ptr()),
+      static_cast<int>(layout), code, w.data_ptr(), static_cast<int>(N), static_cast<int>(K), stream_of(x));
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return at::linear(x, w, bias);
 }

@@ -4,9 +4,7 @@
 //
 // linear_cuda.cpp runs it and then cuBLAS in one C++ op (ternop::linear_cuda_dequant), so a
 // large-M call outside a CUDA graph pays one op dispatch and one launch on the host instead
-// of a Python kernel launch plus F.linear. For large weights it launches it once per chunk of
-// rows, on a side stream under the GEMM of the previous chunk: rows are independent, so a
-// chunk is the launch on the codes and scales from its first row on.
+// of a Python kernel launch plus F.linear.
 //
 // One thread per 32-bit word (16 weights of one row; a row is K / 16 words, and the dense row
 // is 16 elements per word in the same order). Each thread decodes its word field by field
