@@ -2,9 +2,10 @@
 
     python benchmarks/sweep_tiles.py [--out benchmarks/results/h200/sweep_tiles.json]
 
-The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has six tiles; ``auto_tile`` there
-picks one by M and N, and ``ternop.cuda.configs`` gives the backend its M range. This sweep is
-what both were chosen from: for each of bench_linear's eight shapes and each M, the time of
+The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
+picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
+is what both were chosen from (the committed ``sweep_tiles.json`` ran at a commit that still
+had six tiles, 0-5; tiles 0 and 2 there are tiles 0 and 1 here): for each of bench_linear's eight shapes and each M, the time of
 every tile (``tile:<i>``), of the kernel's own choice (``tile:auto``) and of cuBLAS bf16, with
 bench_linear's method (CUDA-graph replays over weight copies rotated past the L2). Every tile's
 output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-TILES = range(6)
+TILES = range(2)
 
 
 def run(ms, out_path: Path) -> dict:

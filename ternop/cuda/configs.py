@@ -90,8 +90,12 @@ _BIG = 1 << 62
 #   1.21x -> 1.44x on 1024 -> 4096, 2.83x -> 3.52x on 2048 -> 1024); slower on the wider 8B
 #   shapes, where N / 16 CTAs each re-read x.
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
-# - triton_a16 from M = 17 to 128 (0.85x, 0.86x and 0.63x at M = 32, 64, 128), with split-K:
-#   single programs walking all of K were latency-bound (v2 against v1 of the sweep).
+# - cuda_mma_tiles (a16 layout) from M = 17 to 64: benchmarks/sweep_tiles.py at 9d4cebf
+#   (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
+#   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
+#   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
+# - triton_a16 from M = 65 to 128 (and 17..64 for v1 weights), with split-K: single programs
+#   walking all of K were latency-bound (v2 against v1 of the sweep).
 # - dequant_cublas from M = 256 (MIN_M): 0.64x, 0.71x, 0.81x, 0.88x at M = 256..2048,
 #   against 0.50x and below for the fused GEMM, which waits on every MMA. cuda_dequant does the
 #   same work from one C++ op (a CUDA dequantization kernel, then cuBLAS) and goes first: the
@@ -105,7 +109,7 @@ SM90: Table = {
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
-    "cuda_mma_tiles": [(_BIG, CudaMmaConfig())],
+    "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
         (32, FusedConfig(32, 128, num_warps=4, num_stages=4, swap=True, max_split_k=8)),
@@ -135,7 +139,7 @@ DEFAULT: Table = {
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(8, CudaGemvConfig())],
-    "cuda_mma_tiles": [(_BIG, CudaMmaConfig())],
+    "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=2)),
         (64, FusedConfig(64, 64, num_warps=4, num_stages=2)),
@@ -159,7 +163,7 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {
-    "cuda_mma_tiles": {"sm90": 17, "default": 17},
+    "cuda_mma_tiles": {"sm90": 17, "default": 17},  # cuda_mma is faster up to M = 16
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }

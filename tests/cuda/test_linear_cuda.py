@@ -227,22 +227,33 @@ def test_linear_cuda_mma_tiles_shapes_with_bias_and_row_stride(monkeypatch, dtyp
         again = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias)
         assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
         assert torch.equal(y, torch.ops.ternop.linear_cuda_mma_tiles(x.contiguous(), packed, scale, bias))
-        for tile in range(6):  # every tile the kernel has, whatever auto_tile picks
+        for tile in range(2):  # every tile the kernel has, whatever auto_tile picks
             _check(torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias, tile), x, v1, scale, bias)
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
 
-def test_linear_cuda_mma_tiles_matches_cuda_mma_where_they_meet():
-    """M = 16 through both kernels agrees to bf16 rounding (cuda_mma scales each block's fp32
-    partial, cuda_mma_tiles the decoded weights in bf16, as ternop.dequantize does)."""
+def test_linear_cuda_mma_tiles_meets_cuda_mma_at_m16():
+    """Where the two kernels meet (cuda_mma scales each block's fp32 partial, cuda_mma_tiles the
+    decoded weights in x's dtype, as ternop.dequantize does), both meet the 2x rule."""
     v1, scale = _weights(1152, 4096)
     packed = layouts.repack(v1, "a16")
-    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
-    _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
-    small = torch.ops.ternop.linear_cuda_mma(x, packed, scale, None, True)
-    tiles = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, None)
-    torch.testing.assert_close(tiles, small, rtol=1e-2, atol=1e-2)
-    _check(tiles, x, v1, scale)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(16, 4096, device="cuda", dtype=dtype)
+        _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
+        _check(torch.ops.ternop.linear_cuda_mma(x, packed, scale, None, True), x, v1, scale)
+        for tile in range(2):
+            _check(torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, None, tile), x, v1, scale)
+
+
+def test_linear_cuda_mma_tiles_takes_m_17_to_64():
+    v1, scale = _weights(1152, 1024)
+    packed = layouts.repack(v1, "a16")
+    chosen = {}
+    for m in (16, 17, 64, 65):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
+        chosen[m] = backends.select(_call(x, packed, scale, layout="a16")).name
+    assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: "triton_a16"}, chosen
 
 
 def test_linear_cuda_mma_declines_with_reasons():

@@ -9,17 +9,17 @@
 // [BN x 32 bytes] in shared memory with cp.async, kStages blocks ahead, so that loads of later
 // blocks overlap the MMAs of this one.
 //
-// Why wide tiles. Every CTA reads the x of its BM tokens in full: N / BN times in all, from L2.
-// At M = 128 on 4096 -> 14336, 64-row tiles read 235 MB of x per call, more than the time cuBLAS
-// takes; 256-row tiles read a quarter of it. And a warp that owns two m16 tiles (MT = 2) feeds
-// each B fragment it loads from shared memory to two MMAs, halving the shared-memory traffic
-// per MMA, which with one m16 tile is at the bandwidth the MMAs need at full rate.
+// Where it stops. Every CTA reads the x of its BM tokens in full, N / BN times in all, from L2,
+// and one mma.sync needs a B fragment from shared memory. A warp that owns two m16 tiles
+// (MT = 2) feeds each B fragment to two MMAs. Past M = 64 no tile of this design reached
+// cuBLAS: on the H200 the best one ran at about 250 TFLOP/s wherever M * N * K was large, a
+// third of cuBLAS's wgmma kernels, so larger M belongs to wgmma (or to dequantize-then-cuBLAS).
 //
 // Warps. WN x WM warps: warp (wn, wm) owns weight rows [16 MT wn, 16 MT (wn + 1)) of the tile
 // (MT m16 tiles) and tokens [wm TM, (wm + 1) TM), TM = BM / WM, as NT = TM / 8 n8 tiles that
-// share each decoded A fragment. The six tiles are listed at Tile0..Tile5; auto_tile picks one
-// by M and N (the H200 sweep in benchmarks/results/h200 chose it), and the op can be asked
-// for any of them.
+// share each decoded A fragment. The tiles are listed at Tile0 and Tile1; auto_tile picks one
+// by M, N and K (the H200 sweep in benchmarks/results/h200 chose it), and the op can be asked
+// for either.
 //
 // Orientation. One mma multiplies A = 16 weight rows x 16 k by B = 16 k x 8 tokens into fp32
 // C [16 rows x 8 tokens]. k is in natural order (B comes from x in memory order through
@@ -348,14 +348,12 @@ __global__ void split_k_reduce_kernel(const float* __restrict__ partial, const T
   }
 }
 
-// The tiles (BM tokens, WN x WM warps, MT m16 tiles a warp, stages); BN = 16 MT WN rows.
-using Tile0 = Tile<32, 4, 1, 1, 4>;   // BN  64,  4 warps
-using Tile1 = Tile<32, 8, 1, 2, 4>;   // BN 256,  8 warps
-using Tile2 = Tile<64, 4, 1, 2, 4>;   // BN 128,  4 warps
-using Tile3 = Tile<64, 8, 1, 2, 3>;   // BN 256,  8 warps
-using Tile4 = Tile<128, 4, 2, 2, 3>;  // BN 128,  8 warps
-using Tile5 = Tile<128, 8, 2, 2, 3>;  // BN 256, 16 warps
-constexpr int kTiles = 6;
+// The tiles (BM tokens, WN x WM warps, MT m16 tiles a warp, stages); BN = 16 MT WN rows. The H200
+// sweep (benchmarks/sweep_tiles.py; results/h200/sweep_tiles.json) also tried 256-row tiles and
+// 128-token tiles of 8 and 16 warps: none won a shape from M = 17 to 512, so they are gone.
+using Tile0 = Tile<32, 4, 1, 1, 4>;  // BN  64, 4 warps of 16 rows x 32 tokens
+using Tile1 = Tile<64, 4, 1, 2, 4>;  // BN 128, 4 warps of 32 rows x 64 tokens
+constexpr int kTiles = 2;
 
 struct TileShape {
   int bm, bn, smem;
@@ -366,8 +364,7 @@ constexpr TileShape shape_of() {
   return {Cfg::BM, Cfg::BN, Cfg::kSmemBytes};
 }
 
-constexpr TileShape kShapes[kTiles] = {shape_of<Tile0>(), shape_of<Tile1>(), shape_of<Tile2>(),
-                                       shape_of<Tile3>(), shape_of<Tile4>(), shape_of<Tile5>()};
+constexpr TileShape kShapes[kTiles] = {shape_of<Tile0>(), shape_of<Tile1>()};
 
 template <typename T, typename Cfg>
 cudaError_t launch_tiles(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
@@ -391,23 +388,26 @@ cudaError_t launch_tiles(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   return cudaGetLastError();
 }
 
-// The tile for a call when none is forced (see ternary_mma_tiles_tile).
-int auto_tile(int M, int N) {
-  if (M <= 32) return N >= 4096 ? 1 : 0;
-  if (M <= 64) return N >= 4096 ? 3 : 2;
-  return N >= 4096 ? 5 : 4;
+// The tile for a call when none is forced. From the sweep: the 64-row, 32-token tile is the
+// fastest at M <= 32 on all eight shapes (0.93-1.45x of cuBLAS bf16) and at M <= 64 on the
+// 0.6B shapes and 4096 x 4096; the 128-row, 64-token tile wins M = 33..64 where N * K > 2^25
+// (0.87-1.08x against 0.82-0.94x).
+int auto_tile(int M, int N, int K) {
+  return M > 32 && static_cast<int64_t>(N) * K > (int64_t{1} << 25) ? 1 : 0;
 }
 
 }  // namespace
 
-// The tile a call runs: `tile` when it names one (0..5, for benchmarks), else auto_tile(M, N).
-int ternary_mma_tiles_tile(int M, int N, int tile) { return tile >= 0 && tile < kTiles ? tile : auto_tile(M, N); }
+// The tile a call runs: `tile` when it names one (0 or 1, for benchmarks), else auto_tile.
+int ternary_mma_tiles_tile(int M, int N, int K, int tile) {
+  return tile >= 0 && tile < kTiles ? tile : auto_tile(M, N, K);
+}
 
 // Splits of K for this launch: doubled while the CTAs do not fill every SM's slots (as many
 // CTAs as the tile's shared memory lets an SM hold) and each split keeps at least two scale
 // blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
 int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile) {
-  const TileShape t = kShapes[ternary_mma_tiles_tile(M, N, tile)];
+  const TileShape t = kShapes[ternary_mma_tiles_tile(M, N, K, tile)];
   const int per_sm = max(1, (227 * 1024) / t.smem);
   const int tiles = ((N + t.bn - 1) / t.bn) * ((M + t.bm - 1) / t.bm);
   const int blocks = K / 128;
@@ -428,14 +428,9 @@ cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, cons
     const T* xt = static_cast<const T*>(x);
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
-    switch (ternary_mma_tiles_tile(M, N, tile)) {
-      case 0: return launch_tiles<T, Tile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 1: return launch_tiles<T, Tile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 2: return launch_tiles<T, Tile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 3: return launch_tiles<T, Tile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 4: return launch_tiles<T, Tile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_tiles<T, Tile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-    }
+    if (ternary_mma_tiles_tile(M, N, K, tile) == 0)
+      return launch_tiles<T, Tile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+    return launch_tiles<T, Tile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
   });
 }
 
