@@ -628,9 +628,12 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             for name in names:
                 res["models"][name]["profile"] = workers[name].ask(op="profile", n=4 if args.tiny else 1024,
                                                                    length=128, seed=7)["top"]  # fmt: skip
-                # One 16-token query, by host time: where the single-query latency goes.
+                # One 16-token query, by host time and by device time: where the single-query
+                # latency goes (the engine runs in the worker's process, so both are seen).
                 res["models"][name]["profile_query"] = workers[name].ask(op="profile", n=1, length=16, seed=8,
                                                                          by="cpu")["top"]  # fmt: skip
+                res["models"][name]["profile_query_device"] = workers[name].ask(op="profile", n=1, length=16,
+                                                                                seed=9)["top"]  # fmt: skip
     finally:
         for w in workers.values():
             w.close()
