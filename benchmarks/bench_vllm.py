@@ -508,6 +508,9 @@ def main() -> None:
     parser.add_argument("--no-a8", action="store_true",
                         help="leave out the int8-activation ternary model (embed, decode)")
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
+    parser.add_argument("--reverse-start", action="store_true",
+                        help="start the embedding engines in reverse order (ternary first): whether a "
+                             "model's host-side speed follows the order its process started in")
     parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -527,7 +530,8 @@ def main() -> None:
         parser.error(f"--only: unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
     t_start = time.perf_counter()
     work = Path(args.workdir)
-    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit(), "workloads": only}
+    report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit(), "workloads": only,
+                    "embed_start_order": "reversed" if args.reverse_start else "as listed"}
     try:
         import torch
 
@@ -595,7 +599,8 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     try:
         # One at a time: vLLM sizes its KV cache from the free memory it profiles at start-up,
         # which another engine starting beside it would make wrong.
-        for name, folder in folders.items():
+        starts = list(folders.items())
+        for name, folder in reversed(starts) if args.reverse_start else starts:
             workers[name] = _Worker(name, folder, args)
             res["models"][name] = {**workers[name].result(), "throughput": {}, "latency": {}}
         _save(report, args.out)
