@@ -16,7 +16,7 @@ The schemas live here, next to every other ternop schema, so they exist (and tra
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
 which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and dtypes are
 those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_tiles`` is -1 (the
-kernel picks its tile by M and N) or one of its tiles 0..5 (for benchmarks).
+kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks).
 """
 
 from __future__ import annotations

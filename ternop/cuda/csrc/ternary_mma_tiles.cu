@@ -1,5 +1,5 @@
 // Mid-M ternary linear on tensor cores: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for
-// M from 17 up (the buckets of ternop/cuda/configs.py say where it runs), x fp16 or bf16,
+// M = 17..64 (the bucket in ternop/cuda/configs.py; any M runs), x fp16 or bf16,
 // weights in the "a16" layout (ternop/layouts.py). No dense copy of W is ever written: each
 // weight is decoded once per CTA, in registers, and feeds BM / 8 mma.sync m16n8k16.
 //
