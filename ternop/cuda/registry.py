@@ -143,11 +143,11 @@ def _can_dequant_any(call: backends.LinearCall) -> tuple[bool, str]:
     return (mod is not None), why
 
 
-def _below_floor(name: str, call: backends.LinearCall) -> str:
-    """Why a dequantize-first backend declines an M under its floor (unless forced), else ""."""
+def _below_floor(name: str, call: backends.LinearCall, where: str = "where dequantizing first starts to pay") -> str:
+    """Why a backend declines an M under its floor (configs.MIN_M; unless forced), else ""."""
     floor = configs.min_m(name, call.x.device)
     if call.m < floor and not _forced(name):
-        return f"M={call.m} is below M={floor}, where dequantizing first starts to pay"
+        return f"M={call.m} is below M={floor}, {where}"
     return ""
 
 
@@ -263,12 +263,18 @@ def _mma_bucket(name: str, call: backends.LinearCall, instruction: str) -> str:
     return _tensor_cores(call, instruction)
 
 
-def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
+def _half_x(call: backends.LinearCall) -> str:
+    """Why a 16-bit tensor-core kernel declines the call's activations, else ""."""
     why = _a16_only(call)
+    if not why and call.x.dtype not in FLOAT16:
+        why = f"x dtype {call.x.dtype} is not float16/bfloat16 (the tensor-core kernels have no fp32 path)"
+    return why
+
+
+def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _half_x(call)
     if why:
         return False, why
-    if call.x.dtype not in FLOAT16:
-        return False, f"x dtype {call.x.dtype} is not float16/bfloat16 (the tensor-core kernel has no fp32 path)"
     if call.m > CUDA_MMA_MAX_M:
         return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
     why = _mma_bucket("cuda_mma", call, "mma.sync m16n8k16")
@@ -307,14 +313,8 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 def _can_cuda_mma_tiles(call: backends.LinearCall) -> tuple[bool, str]:
-    why = _a16_only(call)
-    if why:
-        return False, why
-    if call.x.dtype not in FLOAT16:
-        return False, f"x dtype {call.x.dtype} is not float16/bfloat16"
-    why = _mma_bucket("cuda_mma_tiles", call, "mma.sync m16n8k16 and cp.async")
-    if not why and call.m < configs.min_m("cuda_mma_tiles", call.x.device) and not _forced("cuda_mma_tiles"):
-        why = f"M={call.m} is below M={configs.min_m('cuda_mma_tiles', call.x.device)}, where cuda_mma is faster"
+    why = (_half_x(call) or _below_floor("cuda_mma_tiles", call, "where cuda_mma is faster")
+           or _mma_bucket("cuda_mma_tiles", call, "mma.sync m16n8k16 and cp.async"))  # fmt: skip
     if why:
         return False, why
     return _cuda_ext_ready(call, ("a16",))

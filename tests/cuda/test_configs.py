@@ -91,3 +91,27 @@ def test_registry_dequant_floor(monkeypatch):
     assert not ok and f"M={floor - 1}" in why
     monkeypatch.setenv("TERNOP_BACKEND", "dequant_cublas")  # forcing overrides the floor
     assert registry._can_dequant_cublas(call(1)) == (True, "")
+
+
+def test_registry_cuda_mma_tiles_takes_m_17_to_64(monkeypatch):
+    """Its floor (cuda_mma below), its bucket (the Triton GEMM above) and its layout; past those
+    checks only the extension is missing here."""
+    from types import SimpleNamespace
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+
+    def call(m, layout="a16", dtype=torch.bfloat16, bits=16):
+        x = SimpleNamespace(shape=(m, 1024), device=DEV, dtype=dtype, data_ptr=lambda: 0, stride=lambda d: 1024)
+        w = SimpleNamespace(shape=(4096, 256), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, None, None, bits, layout)
+
+    can = registry._can_cuda_mma_tiles
+    assert "M=16 is below M=17" in can(call(16))[1]
+    assert "M=65 is above cuda_mma_tiles's largest bucket" in can(call(65))[1]
+    assert "float32" in can(call(40, dtype=torch.float32))[1]
+    assert "16-bit activations only" in can(call(40, bits=8, layout="a8"))[1]
+    assert "layout 'v1'" in can(call(40, layout="v1"))[1]
+    for m in (17, 40, 64):
+        ok, why = can(call(m))
+        assert not ok and "extension not built" in why, why  # every dispatch check passed
