@@ -334,7 +334,7 @@ def worker_embed(args) -> None:
 
     stdin:  {"op": "embed", "n": N, "length": L, "seed": S} | {"op": "latency", "length": L,
             "queries": Q, "seed": S} | {"op": "profile", "n": N, "length": L, "seed": S,
-            "by": "device" | "cpu"} | {"op": "quit"}
+            "by": "device" | "cpu"} | {"op": "probe"} (host_probe.py) | {"op": "quit"}
     stdout: lines "RESULT <json>"; the first reports the settings and weight bytes.
     """
     from vllm import LLM
@@ -372,6 +372,10 @@ def worker_embed(args) -> None:
         elif cmd["op"] == "profile":
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
+        elif cmd["op"] == "probe":
+            from host_probe import probe
+
+            reply({"probe": probe()})
 
 
 def worker_decode(args) -> dict:
@@ -603,8 +607,12 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         for name, folder in reversed(starts) if args.reverse_start else starts:
             workers[name] = _Worker(name, folder, args)
             res["models"][name] = {**workers[name].result(), "throughput": {}, "latency": {}}
-        _save(report, args.out)
         names = list(workers)
+        # The same host-side micro-measurements in every engine's process, before and after the
+        # rounds: a difference between them is the process's or the machine's, not the model's.
+        for name in names:
+            res["models"][name]["host_probe"] = {"start": workers[name].ask(op="probe")["probe"]}
+        _save(report, args.out)
         runs = {name: {} for name in names}
         lat = {name: {length: [] for length in LATENCY_LENGTHS} for name in names}
         for rep in range(args.repeats):
@@ -629,6 +637,8 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                 }
             res["rounds_done"] = rep + 1
             _save(report, args.out)
+        for name in names:
+            res["models"][name]["host_probe"]["end"] = workers[name].ask(op="probe")["probe"]
         if args.profile:
             for name in names:
                 res["models"][name]["profile"] = workers[name].ask(op="profile", n=4 if args.tiny else 1024,
