@@ -31,8 +31,20 @@ def _measure_fn(tokenizer, pooling: str, max_len: int):
     return measure
 
 
-def choose(src, quantizer, skip, max_loss: float, progress: bool = True):
-    """(DenseChoice, checkpoint prefixes to keep dense) for the folder ``src`` and a ``Quantizer``."""
+def ternary_bytes(numel: int) -> int:
+    """Bytes of ``numel`` weights in format v1: 2-bit codes and one fp16 scale per 128."""
+    return numel // 4 + numel // 128 * 2
+
+
+ALL_TERNARY_SHARE = ternary_bytes(128) / (2 * 128)  # 0.1328...: format v1's size against fp16
+
+
+def choose(src, quantizer, skip, max_loss: float, progress: bool = True, size_budget: float | None = None):
+    """(DenseChoice, checkpoint prefixes to keep dense) for the folder ``src`` and a ``Quantizer``.
+
+    ``size_budget`` (a share, e.g. 0.25): the layers that would be converted, dense ones counted
+    in fp16, may take at most this share of their bytes in fp16.
+    """
     from ternop.format import dequantize
     from ternop.hf import load_model, load_tokenizer, module_to_checkpoint, pooling_mode
     from ternop.hf.embedding import max_seq_length
@@ -51,9 +63,14 @@ def choose(src, quantizer, skip, max_loss: float, progress: bool = True):
         packed, scale = quantizer(prefix, layer.weight.detach())
         ternary[name] = dequantize(packed, scale).float()
     say = (lambda msg: print(f"[keep-dense] {msg}", file=sys.stderr, flush=True)) if progress else None
+    cost = budget = None
+    if size_budget is not None:
+        numel = {name: w.numel() for name, w in ternary.items()}
+        cost = {name: 2 * n - ternary_bytes(n) for name, n in numel.items()}
+        budget = int(size_budget * 2 * sum(numel.values())) - sum(ternary_bytes(n) for n in numel.values())
     measure = _measure_fn(load_tokenizer(src), pooling_mode(src), max_seq_length(src))
     with torch.no_grad():
-        choice = choose_dense(model, ternary, measure, max_loss=max_loss, progress=say)
+        choice = choose_dense(model, ternary, measure, max_loss=max_loss, cost=cost, budget=budget, progress=say)
     return choice, [names[f"{n}.weight"][: -len(".weight")] for n in choice.dense]
 
 

@@ -26,12 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "wiki MRR of an embedding model (visible set) loses at most X against the fp model")
     parser.add_argument("--max-mrr-loss", type=float, default=0.02, metavar="X",
                         help="with keep dense auto: the largest wiki MRR loss against the fp model to accept")
+    parser.add_argument("--size-budget", type=float, default=None, metavar="S",
+                        help="with keep dense auto: the converted layers, dense ones counted in fp16, take at most "
+                             "S of their fp16 bytes (e.g. 0.25; all ternary is 0.133); layers are then ranked by "
+                             "sensitivity per byte, and the bound may be missed")
     parser.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
     skip, quantizer = list(args.skip), None
+    if args.size_budget is not None and args.keep_dense != "auto":
+        raise ValueError("--size-budget applies to --keep-dense auto")
     if args.keep_dense == "auto":
         from pathlib import Path
 
@@ -39,13 +45,24 @@ def main(args: argparse.Namespace) -> int:
         from ternop.cli import mixed
 
         # Every check that needs no model runs before minutes of measuring.
+        if args.size_budget is not None and not 0 < args.size_budget <= 1:
+            raise ValueError(f"--size-budget must be a share in (0, 1], got {args.size_budget}")
+        if args.size_budget is not None and args.size_budget < mixed.ALL_TERNARY_SHARE:
+            raise ValueError(f"--size-budget {args.size_budget} is below the all-ternary size, "
+                             f"{mixed.ALL_TERNARY_SHARE:.3f} of fp16")  # fmt: skip
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
         quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip))
-        choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet)
+        choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet,
+                                        size_budget=args.size_budget)  # fmt: skip
         skip += prefixes
         size = mixed.dense_bytes(args.src, prefixes)
-        verdict = "met" if choice.met else "NOT met even with every layer dense"
+        if choice.met:
+            verdict = "met"
+        elif args.size_budget is None:
+            verdict = "NOT met even with every layer dense"
+        else:
+            verdict = f"NOT met within the size budget {args.size_budget}"
         print(f"keep-dense auto: {len(prefixes)} layers dense ({size['stored'] / 1e6:.2f} MB as stored, "
               f"{size['fp16'] / 1e6:.2f} MB in fp16); wiki MRR {choice.final['wiki_mrr']:.4f} against the fp model's "
               f"{choice.base['wiki_mrr']:.4f} (all ternary {choice.all_ternary['wiki_mrr']:.4f}); "

@@ -11,6 +11,10 @@ and the mean cosine to the fp embeddings, :mod:`ternop.cli.mixed`). Then:
    which moves in steps of one query);
 3. the most sensitive layers are made dense one at a time, in that order, until ``metric`` is at
    most ``max_loss`` below the dense model's. The gate is the measurement, not the ranking.
+
+With a byte budget (``cost``: the bytes each layer adds when kept dense, ``budget``: the most
+they may add up to), the ranking is by gain per byte, layers that gain nothing are left out, and
+a layer that would overrun the budget is passed over for the next one that fits.
 """
 
 from __future__ import annotations
@@ -39,14 +43,22 @@ class DenseChoice:
 
 def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Callable[[nn.Module], dict[str, float]],
                  *, max_loss: float, metric: str = "wiki_mrr", rank_by: str = "mean_cosine",
+                 cost: dict[str, int] | None = None, budget: int | None = None,
                  progress: Callable[[str], None] | None = None) -> DenseChoice:  # fmt: skip
     """Chooses the layers of ``ternary`` (module name -> dequantized weight ``[N, K]``) to keep dense.
 
     The model's weights are restored to dense before returning. ``met`` is False when the bound is
-    missed even with every layer dense (then ``dense`` lists every layer).
+    missed even with every layer dense (then ``dense`` lists every layer), or, with a budget, with
+    every layer that fits it and gains (then ``dense`` lists those).
     """
     if max_loss < 0:
         raise ValueError(f"max_loss must be >= 0, got {max_loss}")
+    if budget is not None:
+        if budget < 0:
+            raise ValueError(f"budget must be >= 0 bytes, got {budget}")
+        lacking = sorted(set(ternary) - set(cost or {}))
+        if lacking:
+            raise ValueError(f"a budget needs the cost of every layer; none for {lacking}")
     say = progress or (lambda msg: None)
     layers = {name: model.get_submodule(name) for name in ternary}
     dense_w = {name: layer.weight.data for name, layer in layers.items()}
@@ -72,9 +84,19 @@ def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Ca
             gain = use({name})[rank_by] - full[rank_by]
             ranking.append((name, gain))
             say(f"sensitivity {i + 1}/{len(layers)}: {name} dense -> {rank_by} {gain:+.4f}")
-        ranking.sort(key=lambda x: -x[1])
-        trials, chosen, final = [], [], full
-        for name, _ in ranking:
+        if budget is None:
+            ranking.sort(key=lambda x: -x[1])
+            order = [name for name, _ in ranking]
+        else:
+            ranking.sort(key=lambda x: -x[1] / max(cost[x[0]], 1))
+            order = [name for name, gain in ranking if gain > 0]
+        trials, chosen, final, spent = [], [], full, 0
+        for name in order:
+            if budget is not None:
+                if spent + cost[name] > budget:
+                    say(f"{name}: {cost[name]} bytes would overrun the budget ({spent} of {budget} spent); passed over")
+                    continue
+                spent += cost[name]
             chosen.append(name)
             final = use(set(chosen))
             trials.append((len(chosen), final[metric]))

@@ -57,6 +57,37 @@ def test_keep_dense_auto_keeps_the_fewest_sensitive_layers(tiny_fp, tmp_path, ca
     assert _dense_layers(loose) == []
 
 
+def test_size_budget_keeps_what_fits_best_per_byte(tiny_fp, tmp_path, capsys, monkeypatch):
+    from ternop.cli import mixed
+
+    monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
+    # 1,048,576 weights: all ternary is 278,528 bytes of 2,097,152 in fp16 (0.133). The query
+    # (65,536 weights) adds 113,664 bytes dense, output.dense (131,072) adds 227,328.
+    assert mixed.ternary_bytes(65536) == 17408
+    tight = tmp_path / "tight"
+    assert main(["quantize", str(tiny_fp), str(tight), "--keep-dense", "auto", "--max-mrr-loss", "0.05",
+                 "--size-budget", "0.19", "--quiet"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert _dense_layers(tight) == ["encoder.layer.0.attention.self.query"]
+    assert "NOT met within the size budget 0.19" in out
+    roomy = tmp_path / "roomy"
+    assert main(["quantize", str(tiny_fp), str(roomy), "--keep-dense", "auto", "--max-mrr-loss", "0.05",
+                 "--size-budget", "0.3", "--quiet"]) == 0  # fmt: skip
+    assert _dense_layers(roomy) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
+    assert ": met" in capsys.readouterr().out
+
+
+def test_size_budget_is_checked(tiny_fp, tmp_path, capsys):
+    args = ["quantize", str(tiny_fp), str(tmp_path / "d"), "--quiet"]
+    assert main(args + ["--size-budget", "0.25"]) == 2
+    assert "--size-budget applies to --keep-dense auto" in capsys.readouterr().err
+    assert main(args + ["--keep-dense", "auto", "--size-budget", "1.5"]) == 2
+    assert "must be a share in (0, 1], got 1.5" in capsys.readouterr().err
+    assert main(args + ["--keep-dense", "auto", "--size-budget", "0.1"]) == 2
+    assert "below the all-ternary size, 0.133 of fp16" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 def test_keep_dense_auto_measures_the_real_retrieval_task(tiny_fp, tmp_path, capsys):
     # The real measurement runs end to end on a tiny model; with no loss allowed the result meets the bound.
     dst = tmp_path / "real"

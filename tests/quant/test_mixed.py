@@ -55,3 +55,28 @@ def test_bad_input_is_refused():
         choose_dense(model, {}, lambda m: {}, max_loss=-0.1)
     with pytest.raises(ValueError, match=r"ternary weight \[2, 2\] != dense \[4, 4\]"):
         choose_dense(model, {"0": torch.zeros(2, 2)}, lambda m: {}, max_loss=0.1)
+
+
+def test_a_byte_budget_ranks_by_gain_per_byte_and_passes_over_what_does_not_fit():
+    model = _model()
+    ternary = {n: torch.sign(model.get_submodule(n).weight.detach()) for n in DAMAGE}
+    # Gain per byte: "2" 0.05, "3" 0.025, "1" 0.02, "0" 0.01; "1" (10 bytes) overruns a 6-byte budget.
+    cost = {"0": 1, "1": 10, "2": 1, "3": 4}
+    choice = choose_dense(model, ternary, _measure_of(model, ternary), max_loss=0.0, metric="mrr", rank_by="smooth",
+                          cost=cost, budget=6)  # fmt: skip
+    assert [n for n, _ in choice.ranking] == ["2", "3", "1", "0"]
+    assert choice.dense == ["2", "3", "0"] and not choice.met
+    assert choice.final["mrr"] == pytest.approx(0.8)  # "1" stays ternary
+    # A budget that fits all of them ends where the bound is met, as without one.
+    roomy = choose_dense(model, ternary, _measure_of(model, ternary), max_loss=0.21, metric="mrr", rank_by="smooth",
+                         cost=cost, budget=100)  # fmt: skip
+    assert roomy.dense == ["2", "3"] and roomy.met and roomy.final["mrr"] == pytest.approx(0.79)
+
+
+def test_a_budget_is_checked():
+    model = _model()
+    ternary = {n: torch.sign(model.get_submodule(n).weight.detach()) for n in DAMAGE}
+    with pytest.raises(ValueError, match="budget must be >= 0 bytes"):
+        choose_dense(model, ternary, lambda m: {}, max_loss=0.1, cost={n: 1 for n in DAMAGE}, budget=-1)
+    with pytest.raises(ValueError, match=r"none for \['3'\]"):
+        choose_dense(model, ternary, lambda m: {}, max_loss=0.1, cost={"0": 1, "1": 1, "2": 1}, budget=5)
