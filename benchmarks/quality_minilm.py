@@ -21,6 +21,7 @@ import argparse
 import importlib.resources
 import json
 import platform
+import re
 import shlex
 import sys
 import time
@@ -40,6 +41,15 @@ ROWS = {
     ),
     "mixed: optimal, --keep-dense auto (visible MRR loss <= 0.014)": (
         "quantize MODEL DST --method optimal --keep-dense auto --max-mrr-loss 0.014 --force"
+    ),
+    "mixed: calibrated, --keep-dense auto (visible MRR loss <= 0.014)": (
+        "quantize MODEL DST --method calibrated --calib CALIB --keep-dense auto --max-mrr-loss 0.014 --force"
+    ),
+    "mixed: optimal, --keep-dense auto within a quarter of fp16's size": (
+        "quantize MODEL DST --method optimal --keep-dense auto --max-mrr-loss 0 --size-budget 0.25 --force"
+    ),
+    "mixed: calibrated, --keep-dense auto within a quarter of fp16's size": (
+        "quantize MODEL DST --method calibrated --calib CALIB --keep-dense auto --max-mrr-loss 0 --size-budget 0.25 --force"
     ),
 }
 CALIB_RECIPE = ("ternop.quant.batches.Sampler(ternop.cli.traindata.training_texts(), 8, (0.2, 0.3, 0.5), "
@@ -159,7 +169,7 @@ def main() -> int:
     rows = [{"name": "fp32", **fp, **checkpoint_bytes(base), "command": None, "seconds": None}]
     fp16_bytes = rows[0]["encoder_linear_bytes_fp16_dense"]
     for name in args.rows:
-        dst = str(work / name.split(" ")[0].strip(":,"))
+        dst = str(work / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))  # one folder per row
         if name in reuse:
             dst, seconds = reuse[name]
             cmd = "ternop " + ROWS[name]
