@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ternop.cli.modes import ACTIVATIONS, bits_of, describe
-from ternop.quant.convert import METHODS, quantize_checkpoint
+from ternop.quant.convert import CALIB_TOKENS, METHODS, check_calib_tokens, quantize_checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep modules whose name matches PATTERN (glob, anywhere in the name) dense; "
                              "repeat --skip for more patterns")
     parser.add_argument("--calib", metavar="FILE", default=None, help="calibration text, for --method calibrated")
+    parser.add_argument("--calib-tokens", type=int, default=CALIB_TOKENS, metavar="N",
+                        help="tokens of --calib that calibration uses: more estimate each layer's input statistics "
+                             "better, at more time and memory")
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
                         help="the mode the checkpoint runs in, written as quantization_config.activation_bits: "
                              "fp (16, activations as given) or int8 (8, int8 per token); the weights are the same")
@@ -52,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
                              f"{mixed.ALL_TERNARY_SHARE:.3f} of fp16")  # fmt: skip
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
-        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip))
+        check_calib_tokens(args.calib_tokens)
+        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), args.calib_tokens)
         choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet,
                                         size_budget=args.size_budget)  # fmt: skip
         skip += prefixes
@@ -68,7 +72,8 @@ def main(args: argparse.Namespace) -> int:
               f"{choice.base['wiki_mrr']:.4f} (all ternary {choice.all_ternary['wiki_mrr']:.4f}); "
               f"max loss {args.max_mrr_loss}: {verdict}")  # fmt: skip
     report = quantize_checkpoint(args.src, args.dst, method=args.method, skip=skip, progress=not args.quiet,
-                                 calib=args.calib, overwrite=args.force, quantizer=quantizer,
+                                 calib=args.calib, calib_tokens=args.calib_tokens, overwrite=args.force,
+                                 quantizer=quantizer,
                                  activation_bits=bits_of(args.activations))  # fmt: skip
     print(f"{report.summary()} -> {report.dst}")
     print(f"  activation_bits {report.activation_bits}: {describe(report.activation_bits)}")

@@ -21,6 +21,7 @@ from ternop.checkpoint import CheckpointError, check_destination, check_not_quan
 from ternop.checkpoint import tensor_index
 from ternop.checkpoint.safetensors_io import element_size
 from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, packed_bytes
+from ternop.quant.calibrate import CALIB_TOKENS
 from ternop.quantize import quantize_weight
 from ternop.selection import DEFAULT_SKIP, QuantizeReport, check_skip_patterns, in_transformer_block, matches_any
 from ternop.selection import should_quantize
@@ -29,16 +30,17 @@ Quantizer = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 """(checkpoint prefix, dense weight [N, K]) -> (weight_packed uint8 [N, K/4], weight_scale float16 [N, K/128])."""
 
 
-def _rounding(method: str) -> Callable[[Path, str | None, tuple[str, ...]], Quantizer]:
-    def factory(src: Path, calib: str | None, skip: tuple[str, ...]) -> Quantizer:
+def _rounding(method: str) -> Callable[..., Quantizer]:
+    def factory(src: Path, calib: str | None, skip: tuple[str, ...], calib_tokens: int = CALIB_TOKENS) -> Quantizer:
         return lambda name, weight: quantize_weight(weight, method)
 
     return factory
 
 
-def calibrated_quantizer(src: Path, calib: str | None, skip: tuple[str, ...], progress: bool = True,
-                         **kwargs) -> Quantizer:  # fmt: skip
-    """The ``calibrated`` method: calibrates the whole model of ``src`` on the text file ``calib`` up front.
+def calibrated_quantizer(src: Path, calib: str | None, skip: tuple[str, ...], calib_tokens: int = CALIB_TOKENS,
+                         progress: bool = True, **kwargs) -> Quantizer:  # fmt: skip
+    """The ``calibrated`` method: calibrates the whole model of ``src`` on the text file ``calib`` up front,
+    on its first ``calib_tokens`` tokens.
 
     A layer the calibration did not reach falls back to ``optimal`` rounding (with a note on stderr).
     """
@@ -47,9 +49,11 @@ def calibrated_quantizer(src: Path, calib: str | None, skip: tuple[str, ...], pr
 
     if calib is None:
         raise CheckpointError("--method calibrated needs --calib FILE (text to collect activation statistics)")
+    check_calib_tokens(calib_tokens)
     texts = read_calibration_text(calib)  # before the model loads: a bad path fails at once
     model = load_model(src, causal=False)
-    results = calibrate_model(model, load_tokenizer(src), texts, skip, progress=progress, **kwargs)
+    results = calibrate_model(model, load_tokenizer(src), texts, skip, max_tokens=calib_tokens, progress=progress,
+                              **kwargs)  # fmt: skip
     weights = [n[: -len(".weight")] for n in tensor_index(src) if n.endswith(".weight")]
     names = module_to_checkpoint(model, results, weights)
     table = {names[name]: to_packed(values, scale) for name, (values, scale) in results.items() if name in names}
@@ -61,6 +65,11 @@ def calibrated_quantizer(src: Path, calib: str | None, skip: tuple[str, ...], pr
         return quantize_weight(weight, "optimal")
 
     return quantizer
+
+
+def check_calib_tokens(calib_tokens: int) -> None:
+    if not isinstance(calib_tokens, int) or calib_tokens < 1:
+        raise CheckpointError(f"--calib-tokens must be a positive number of tokens, got {calib_tokens!r}")
 
 
 METHODS: dict[str, Callable[..., Quantizer]] = {
@@ -122,6 +131,7 @@ def quantize_checkpoint(
     quantizer: Quantizer | None = None,
     *,
     calib: str | None = None,
+    calib_tokens: int = CALIB_TOKENS,
     overwrite: bool = False,
     activation_bits: int = DEFAULT_ACTIVATION_BITS,
 ) -> CheckpointReport:
@@ -130,10 +140,12 @@ def quantize_checkpoint(
     ``quantizer(prefix, weight [N, K]) -> (packed, scale)`` replaces the ``method`` if given.
     ``modules_to_not_convert`` lists the linear layers left dense. ``activation_bits`` is the
     mode the checkpoint runs in: 16 (activations as given) or 8 (int8 per token, W2A8); the
-    weights are the same either way. Every check (activation_bits, source, destination, skip
+    weights are the same either way. ``calib_tokens``: how many tokens of ``calib`` the
+    ``calibrated`` method uses. Every check (activation_bits, source, destination, skip
     patterns, shapes) runs before any model is loaded or byte written.
     """
     quant_config([], activation_bits)  # CheckpointError naming activation_bits
+    check_calib_tokens(calib_tokens)
     src_p, skip = Path(src), tuple(skip)
     check_not_quantized(src_p)
     check_destination(src_p, dst, overwrite)
@@ -142,7 +154,7 @@ def quantize_checkpoint(
     if quantizer is None:
         if method not in METHODS:
             raise CheckpointError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
-        quantizer = METHODS[method](src_p, calib, skip)
+        quantizer = METHODS[method](src_p, calib, skip, calib_tokens)
     chosen = set(report.quantized)
     stream_checkpoint(src_p, dst, decide=lambda name, shape, dtype: name[: -len(".weight")] in chosen,
                       make_pair=lambda prefix, load: quantizer(prefix, load()),

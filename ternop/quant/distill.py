@@ -41,6 +41,7 @@ from torch import nn
 from ternop.activations import quantize_rows
 from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, SCALE_DTYPE, check_activation_bits
 from ternop.quant.batches import Sampler, lr_factor
+from ternop.quant.calibrate import CALIB_TOKENS
 from ternop.quant.objectives import Weights, distill_loss
 from ternop.selection import select_linears
 
@@ -67,7 +68,7 @@ class DistillConfig:
     log: str | None = None
     log_every: int = 50
     init: str = "calibrated"
-    calib_tokens: int = 8192
+    calib_tokens: int = CALIB_TOKENS
     skip: tuple[str, ...] = ()
     device: str = "cpu"
     resume: bool = False

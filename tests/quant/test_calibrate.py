@@ -147,3 +147,30 @@ def test_quantize_calibrated_needs_calib(tiny_fp, tmp_path, capsys, monkeypatch)
     argv = ["quantize", str(tiny_fp), str(tmp_path / "x"), "--method", "calibrated", "--calib", "nope.txt", "--quiet"]
     assert main(argv) == 2
     assert "calibration file 'nope.txt' does not exist" in capsys.readouterr().err
+
+
+def test_quantize_calib_tokens_sets_how_much_text_calibration_reads(tiny_fp, tmp_path, capsys, monkeypatch):
+    import ternop.hf
+    from ternop.checkpoint import load_ternary_layers
+    from ternop.cli import main
+
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(_texts()) + "\n")
+    seen = []
+    real = calibrate.calibrate_model
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["max_tokens"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "calibrate_model", spy)
+    base = ["quantize", str(tiny_fp), "--method", "calibrated", "--calib", str(calib), "--quiet"]
+    assert main([*base, str(tmp_path / "few"), "--calib-tokens", "16"]) == 0
+    assert main([*base, str(tmp_path / "default")]) == 0
+    assert seen == [16, calibrate.CALIB_TOKENS]
+    few, full = load_ternary_layers(tmp_path / "few"), load_ternary_layers(tmp_path / "default")
+    assert any(not torch.equal(few[n][0], full[n][0]) for n in full)  # 16 tokens calibrate differently
+    # A bad count is refused before the model loads.
+    monkeypatch.setattr(ternop.hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main([*base, str(tmp_path / "bad"), "--calib-tokens", "0"]) == 2
+    assert "--calib-tokens must be a positive number of tokens, got 0" in capsys.readouterr().err

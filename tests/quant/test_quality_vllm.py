@@ -31,7 +31,7 @@ def calibrated(tiny_fp, train_file, tmp_path_factory):
     from ternop.quant.convert import calibrated_quantizer, quantize_checkpoint
 
     dst = tmp_path_factory.mktemp("cal") / "ckpt"
-    quantizer = calibrated_quantizer(tiny_fp, str(train_file), (), progress=False, max_tokens=1024)
+    quantizer = calibrated_quantizer(tiny_fp, str(train_file), (), calib_tokens=1024, progress=False)
     quantize_checkpoint(tiny_fp, dst, method="calibrated", quantizer=quantizer, progress=False)
     return dst
 
