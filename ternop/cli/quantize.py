@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
         check_calib_tokens(args.calib_tokens)
-        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), args.calib_tokens)
+        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), args.calib_tokens, not args.quiet)
         choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet,
                                         size_budget=args.size_budget)  # fmt: skip
         skip += prefixes

@@ -31,7 +31,8 @@ Quantizer = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 
 def _rounding(method: str) -> Callable[..., Quantizer]:
-    def factory(src: Path, calib: str | None, skip: tuple[str, ...], calib_tokens: int = CALIB_TOKENS) -> Quantizer:
+    def factory(src: Path, calib: str | None, skip: tuple[str, ...], calib_tokens: int = CALIB_TOKENS,
+                progress: bool = True) -> Quantizer:  # fmt: skip
         return lambda name, weight: quantize_weight(weight, method)
 
     return factory
@@ -154,7 +155,7 @@ def quantize_checkpoint(
     if quantizer is None:
         if method not in METHODS:
             raise CheckpointError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
-        quantizer = METHODS[method](src_p, calib, skip, calib_tokens)
+        quantizer = METHODS[method](src_p, calib, skip, calib_tokens, progress)
     chosen = set(report.quantized)
     stream_checkpoint(src_p, dst, decide=lambda name, shape, dtype: name[: -len(".weight")] in chosen,
                       make_pair=lambda prefix, load: quantizer(prefix, load()),

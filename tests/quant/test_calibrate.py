@@ -113,7 +113,7 @@ def test_calibrate_model_closer_to_fp_than_rounding(tiny_fp):
     assert float((1 - cos_cal).mean()) < 0.7 * float((1 - cos_round).mean())
 
 
-def test_quantize_cli_calibrated_writes_v1(tiny_fp, tmp_path):
+def test_quantize_cli_calibrated_writes_v1(tiny_fp, tmp_path, capsys):
     from ternop.checkpoint import load_ternary_layers, read_quant_config
     from ternop.cli import main
 
@@ -121,6 +121,7 @@ def test_quantize_cli_calibrated_writes_v1(tiny_fp, tmp_path):
     calib.write_text("\n".join(_texts()) + "\n")
     dst = tmp_path / "cal"
     assert main(["quantize", str(tiny_fp), str(dst), "--method", "calibrated", "--calib", str(calib), "--quiet"]) == 0
+    assert "calibrate" not in capsys.readouterr().err  # --quiet silences the calibration's bar too
     assert read_quant_config(dst)["quant_method"] == "ternary"
     layers = load_ternary_layers(dst)
     assert len(layers) == 12
