@@ -35,6 +35,12 @@ HERE = Path(__file__).resolve().parent
 ROWS = {
     "optimal": "quantize MODEL DST --method optimal --force --quiet",
     "calibrated": "quantize MODEL DST --method calibrated --calib CALIB --force --quiet",
+    "calibrated, 32,768 calibration tokens": (
+        "quantize MODEL DST --method calibrated --calib CALIB --calib-tokens 32768 --force --quiet"
+    ),
+    "calibrated, 131,072 calibration tokens": (
+        "quantize MODEL DST --method calibrated --calib CALIB --calib-tokens 131072 --force --quiet"
+    ),
     "distilled v2 (CPU, 800 steps)": (
         "distill MODEL DST --steps 800 --batch-size 8 --seq-len 192 --lr 1.5e-4 --lr-scale 2e-5 "
         "--mix 0.2,0.3,0.5 --rel-weight 1 --warmup 40 --schedule cosine --export-every 200 --force"
