@@ -18,9 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep modules whose name matches PATTERN (glob, anywhere in the name) dense; "
                              "repeat --skip for more patterns")
     parser.add_argument("--calib", metavar="FILE", default=None, help="calibration text, for --method calibrated")
-    parser.add_argument("--calib-tokens", type=int, default=CALIB_TOKENS, metavar="N",
-                        help="tokens of --calib that calibration uses: more estimate each layer's input statistics "
-                             "better, at more time and memory")
+    parser.add_argument("--calib-tokens", type=int, default=None, metavar="N",
+                        help=f"tokens of --calib that calibration uses (default {CALIB_TOKENS}): more estimate each "
+                             "layer's input statistics better, at more time and memory")
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
                         help="the mode the checkpoint runs in, written as quantization_config.activation_bits: "
                              "fp (16, activations as given) or int8 (8, int8 per token); the weights are the same")
@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     skip, quantizer = list(args.skip), None
+    if args.calib_tokens is not None and args.method != "calibrated":
+        raise ValueError("--calib-tokens applies to --method calibrated")
+    calib_tokens = CALIB_TOKENS if args.calib_tokens is None else args.calib_tokens
     if args.size_budget is not None and args.keep_dense != "auto":
         raise ValueError("--size-budget applies to --keep-dense auto")
     if args.keep_dense == "auto":
@@ -55,8 +58,8 @@ def main(args: argparse.Namespace) -> int:
                              f"{mixed.ALL_TERNARY_SHARE:.3f} of fp16")  # fmt: skip
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
-        check_calib_tokens(args.calib_tokens)
-        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), args.calib_tokens, not args.quiet)
+        check_calib_tokens(calib_tokens)
+        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), calib_tokens, not args.quiet)
         choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet,
                                         size_budget=args.size_budget)  # fmt: skip
         skip += prefixes
@@ -72,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
               f"{choice.base['wiki_mrr']:.4f} (all ternary {choice.all_ternary['wiki_mrr']:.4f}); "
               f"max loss {args.max_mrr_loss}: {verdict}")  # fmt: skip
     report = quantize_checkpoint(args.src, args.dst, method=args.method, skip=skip, progress=not args.quiet,
-                                 calib=args.calib, calib_tokens=args.calib_tokens, overwrite=args.force,
+                                 calib=args.calib, calib_tokens=calib_tokens, overwrite=args.force,
                                  quantizer=quantizer,
                                  activation_bits=bits_of(args.activations))  # fmt: skip
     print(f"{report.summary()} -> {report.dst}")

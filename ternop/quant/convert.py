@@ -78,7 +78,8 @@ METHODS: dict[str, Callable[..., Quantizer]] = {
     "absmean": _rounding("absmean"),
     "calibrated": calibrated_quantizer,
 }
-"""Methods of ``ternop quantize``: name -> factory(src, calib, skip) -> Quantizer. Another module may add one."""
+"""Methods of ``ternop quantize``: name -> factory(src, calib, skip, calib_tokens, progress) -> Quantizer.
+Another module may add one."""
 
 
 @dataclass

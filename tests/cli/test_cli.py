@@ -80,7 +80,7 @@ import sys, time
 from ternop.quant import convert
 from ternop.quantize import quantize_weight
 
-def slow(src, calib, skip):
+def slow(src, calib, skip, calib_tokens, progress):
     def quantizer(name, weight):
         time.sleep(0.3)
         return quantize_weight(weight, "absmean")

@@ -175,3 +175,6 @@ def test_quantize_calib_tokens_sets_how_much_text_calibration_reads(tiny_fp, tmp
     monkeypatch.setattr(ternop.hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main([*base, str(tmp_path / "bad"), "--calib-tokens", "0"]) == 2
     assert "--calib-tokens must be a positive number of tokens, got 0" in capsys.readouterr().err
+    optimal = ["quantize", str(tiny_fp), str(tmp_path / "opt"), "--calib-tokens", "64", "--quiet"]
+    assert main(optimal) == 2
+    assert "--calib-tokens applies to --method calibrated" in capsys.readouterr().err
