@@ -156,11 +156,12 @@ def test_quantize_refuses_nonempty_destination_unless_forced(bert_dir, tmp_path)
 def test_method_registry_is_extensible(bert_dir, tmp_path, monkeypatch):
     seen = []
 
-    def factory(src, calib, skip):
-        seen.append((Path(src), calib, skip))
+    def factory(src, calib, skip, calib_tokens, progress):
+        seen.append((Path(src), calib, skip, calib_tokens, progress))
         return lambda name, w: quantize_weight(w, "absmean")
 
     monkeypatch.setitem(convert.METHODS, "custom", factory)
     report = convert.quantize_checkpoint(bert_dir, tmp_path / "q", method="custom", calib="c.txt", skip=["layer.1."],
-                                      progress=False)  # fmt: skip
-    assert seen == [(bert_dir, "c.txt", ("layer.1.",))] and report.method == "custom" and len(report.quantized) == 6
+                                      calib_tokens=100, progress=False)  # fmt: skip
+    assert seen == [(bert_dir, "c.txt", ("layer.1.",), 100, False)]
+    assert report.method == "custom" and len(report.quantized) == 6
