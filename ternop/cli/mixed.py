@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ternop.format import BLOCK_SIZE, packed_bytes
+
 
 def _measure_fn(tokenizer, pooling: str, max_len: int):
     from ternop.cli import evaldata
@@ -31,12 +33,7 @@ def _measure_fn(tokenizer, pooling: str, max_len: int):
     return measure
 
 
-def ternary_bytes(numel: int) -> int:
-    """Bytes of ``numel`` weights in format v1: 2-bit codes and one fp16 scale per 128."""
-    return numel // 4 + numel // 128 * 2
-
-
-ALL_TERNARY_SHARE = ternary_bytes(128) / (2 * 128)  # 0.1328...: format v1's size against fp16
+ALL_TERNARY_SHARE = packed_bytes(1, BLOCK_SIZE) / (2 * BLOCK_SIZE)  # 0.1328...: format v1's size against fp16
 
 
 def choose(src, quantizer, skip, max_loss: float, progress: bool = True, size_budget: float | None = None):
@@ -65,9 +62,9 @@ def choose(src, quantizer, skip, max_loss: float, progress: bool = True, size_bu
     say = (lambda msg: print(f"[keep-dense] {msg}", file=sys.stderr, flush=True)) if progress else None
     cost = budget = None
     if size_budget is not None:
-        numel = {name: w.numel() for name, w in ternary.items()}
-        cost = {name: 2 * n - ternary_bytes(n) for name, n in numel.items()}
-        budget = int(size_budget * 2 * sum(numel.values())) - sum(ternary_bytes(n) for n in numel.values())
+        tern = {name: packed_bytes(*w.shape) for name, w in ternary.items()}
+        cost = {name: 2 * w.numel() - tern[name] for name, w in ternary.items()}
+        budget = int(size_budget * 2 * sum(w.numel() for w in ternary.values())) - sum(tern.values())
     measure = _measure_fn(load_tokenizer(src), pooling_mode(src), max_seq_length(src))
     with torch.no_grad():
         choice = choose_dense(model, ternary, measure, max_loss=max_loss, cost=cost, budget=budget, progress=say)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ternop.cli.modes import ACTIVATIONS, bits_of, describe
-from ternop.quant.convert import CALIB_TOKENS, METHODS, check_calib_tokens, quantize_checkpoint
+from ternop.quant.convert import CALIB_TOKENS, METHODS, quantize_checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,6 @@ def main(args: argparse.Namespace) -> int:
                              f"{mixed.ALL_TERNARY_SHARE:.3f} of fp16")  # fmt: skip
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
-        check_calib_tokens(calib_tokens)
         quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), calib_tokens, not args.quiet)
         choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet,
                                         size_budget=args.size_budget)  # fmt: skip

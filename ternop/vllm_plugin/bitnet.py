@@ -146,7 +146,6 @@ class BitNetDecoderLayer(PreNormDecoderLayer):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-
 def check_ternary(quant_config, arch: str) -> None:
     """ValueError unless the checkpoint is a ternop ternary checkpoint."""
     if not isinstance(quant_config, TernaryConfig):

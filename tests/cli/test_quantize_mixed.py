@@ -63,7 +63,9 @@ def test_size_budget_keeps_what_fits_best_per_byte(tiny_fp, tmp_path, capsys, mo
     monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
     # 1,048,576 weights: all ternary is 278,528 bytes of 2,097,152 in fp16 (0.133). The query
     # (65,536 weights) adds 113,664 bytes dense, output.dense (131,072) adds 227,328.
-    assert mixed.ternary_bytes(65536) == 17408
+    from ternop.format import packed_bytes
+
+    assert packed_bytes(256, 256) == 17408
     tight = tmp_path / "tight"
     assert main(["quantize", str(tiny_fp), str(tight), "--keep-dense", "auto", "--max-mrr-loss", "0.05",
                  "--size-budget", "0.19", "--quiet"]) == 0  # fmt: skip
