@@ -1,6 +1,6 @@
-"""Times every tile of the mid-M tensor-core kernel (``cuda_mma_tiles``) against cuBLAS bf16.
+"""Times every tile of a split-K a16 kernel (``cuda_mma_tiles`` or ``cuda_wgmma``) against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -9,6 +9,9 @@ had six tiles, 0-5; tiles 0 and 2 there are tiles 0 and 1 here): for each of ben
 every tile (``tile:<i>``), of the kernel's own choice (``tile:auto``) and of cuBLAS bf16, with
 bench_linear's method (CUDA-graph replays over weight copies rotated past the L2). Every tile's
 output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
+
+``--kernel wgmma`` does the same for the Hopper kernel (``ternop/cuda/csrc/ternary_wgmma.cu``,
+tiles 0-2: 64, 128 and 256 tokens a CTA; ``auto_wgmma_tile`` there picks one).
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-TILES = range(2)
+# kernel -> (op name, number of tiles)
+KERNELS = {"mma_tiles": ("linear_cuda_mma_tiles", 2), "wgmma": ("linear_cuda_wgmma", 3)}
 
 
-def run(ms, out_path: Path) -> dict:
+def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])
-    op = torch.ops.ternop.linear_cuda_mma_tiles
+    op_name, tiles = KERNELS[kernel]
+    op = getattr(torch.ops.ternop, op_name)
     results = []
     for family, shapes in SHAPES.items():
         for k, n in shapes:
@@ -45,7 +50,7 @@ def run(ms, out_path: Path) -> dict:
                 ref = F.linear(x, dense[0]).float()
                 row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
                 errs = {}
-                for tile in (*TILES, -1):
+                for tile in (*range(tiles), -1):
                     name = f"tile:{tile if tile >= 0 else 'auto'}"
                     y = op(x, *a16[0], None, tile).float()
                     errs[name] = float((y - ref).norm() / ref.norm())
@@ -71,6 +76,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_tiles.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
+    parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("sweep_tiles needs a CUDA device", file=sys.stderr)
@@ -78,7 +84,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
-        report = run(args.ms, args.out)
+        report = run(args.ms, args.out, args.kernel)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -110,6 +110,7 @@ SM90: Table = {
     "cuda_mma_a8": [(16, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "cuda_mma_tiles": [(64, CudaMmaConfig())],
+    "cuda_wgmma": [(_BIG, CudaMmaConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
         (32, FusedConfig(32, 128, num_warps=4, num_stages=4, swap=True, max_split_k=8)),
@@ -164,6 +165,7 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {
     "cuda_mma_tiles": {"sm90": 17, "default": 17},  # cuda_mma is faster up to M = 16
+    "cuda_wgmma": {"sm90": 65, "default": 65},  # cuda_mma_tiles up to M = 64
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }

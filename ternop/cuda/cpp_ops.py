@@ -11,12 +11,15 @@
                                 int layout) -> Tensor
     ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale,
                                   Tensor? bias=None, int tile=-1) -> Tensor
+    ternop::linear_cuda_wgmma(Tensor x, Tensor weight_packed, Tensor weight_scale,
+                              Tensor? bias=None, int tile=-1) -> Tensor
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
 which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and dtypes are
 those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_tiles`` is -1 (the
-kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks).
+kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks); that of
+``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or 0, 1, 2 (64, 128 or 256 tokens a CTA).
 """
 
 from __future__ import annotations
@@ -46,9 +49,13 @@ _lib.define(
     "-> Tensor"
 )
 
+_lib.define(
+    "linear_cuda_wgmma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, int tile=-1) -> Tensor"
+)
+
 OPS = (
     "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
-    "linear_cuda_mma_tiles",
+    "linear_cuda_mma_tiles", "linear_cuda_wgmma",
 )
 
 
@@ -88,6 +95,11 @@ def _linear_cuda_dequant_fake(x, weight_packed, weight_scale, bias, layout):
 
 @torch.library.register_fake("ternop::linear_cuda_mma_tiles", lib=_lib)
 def _linear_cuda_mma_tiles_fake(x, weight_packed, weight_scale, bias=None, tile=-1):
+    return _out(x, weight_packed, x.dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_wgmma", lib=_lib)
+def _linear_cuda_wgmma_fake(x, weight_packed, weight_scale, bias=None, tile=-1):
     return _out(x, weight_packed, x.dtype)
 
 

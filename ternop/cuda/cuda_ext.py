@@ -2,13 +2,18 @@
 
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
 the reason and the registry skips the C++ backends (``cuda_gemv``, ``cuda_mma``,
-``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_mma_tiles``, ``cuda_dequant``). The build
+``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_mma_tiles``, ``cuda_wgmma``, ``cuda_dequant``). The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
 content of ``csrc/`` (headers included). So another ternop version, or an edited kernel, never
 builds on top of an older build's objects, whether or not ninja's dependency files would have
 caught the change (torch can turn nvcc's off with TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1).
 ``TERNOP_NO_CUDA_EXT=1`` turns it off.
+
+On a compute-capability 9.0 GPU (H100, H200) the build targets ``sm_90a``, the
+architecture-specific target that Hopper's ``wgmma`` needs (``ternary_wgmma.cu``); ``wgmma_built()``
+says whether the loaded build has it. A ``TORCH_CUDA_ARCH_LIST`` set by the user is kept as given,
+and without ``9.0a`` in it the ``cuda_wgmma`` backend stays off.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ SOURCES = (
     CSRC / "ternary_mma_a8.cu",
     CSRC / "ternary_dequant.cu",
     CSRC / "ternary_mma_tiles.cu",
+    CSRC / "ternary_wgmma.cu",
 )
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"
@@ -51,6 +57,12 @@ def cache_dir(capability: tuple[int, int]) -> Path:
     return root / f"{tag}-{sources_digest()}"
 
 
+def arch_list_for(capability: tuple[int, int]) -> str:
+    """The TORCH_CUDA_ARCH_LIST of a build for this GPU only: "9.0a" on Hopper (wgmma), else "X.Y"."""
+    major, minor = capability
+    return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
 def _build() -> tuple[bool, str]:
     if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return False, f"disabled by {ENV_DISABLE}"
@@ -68,7 +80,9 @@ def _build() -> tuple[bool, str]:
     # Build for this GPU only: one cubin, and a short compile. The variable is restored
     # afterwards so that other extensions built in this process are not affected.
     saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = saved or f"{capability[0]}.{capability[1]}"
+    arch_list = saved or arch_list_for(capability)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+    _state["wgmma"] = "9.0a" in arch_list.replace(";", " ").split()
     try:
         cpp_extension.load(
             name="ternop_cuda_ext",
@@ -90,6 +104,11 @@ def _build() -> tuple[bool, str]:
     if missing:
         return False, f"the library loaded but registered no CUDA kernel for ternop::{', ternop::'.join(missing)}"
     return True, ""
+
+
+def wgmma_built() -> bool:
+    """Whether the loaded build targets sm_90a, so that ``linear_cuda_wgmma`` runs its kernel."""
+    return bool(load()[0] and _state.get("wgmma", False))
 
 
 def load() -> tuple[bool, str]:

@@ -7,6 +7,7 @@ Order (lower priority first):
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
 | ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1, a16 |
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
+| ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
@@ -48,6 +49,8 @@ CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024
 # H200: 0.4-0.9 us faster up to 4096 x 4096 at M = 1, 0.6-3 us slower on 4096 -> 14336 and wider).
 CUDA_MMA_A8_FUSED_MAX_MNK = 1 << 25
 TENSOR_CORE_MIN_CAPABILITY = (8, 0)
+# wgmma runs on sm_90a cubins, which only compute capability 9.0 loads.
+WGMMA_CAPABILITY = (9, 0)
 FLOAT16 = (torch.float16, torch.bfloat16)
 
 
@@ -320,6 +323,29 @@ def _can_cuda_mma_tiles(call: backends.LinearCall) -> tuple[bool, str]:
     return _cuda_ext_ready(call, ("a16",))
 
 
+def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
+    why = (_half_x(call) or _below_floor("cuda_wgmma", call, "where the mma.sync kernels are faster")
+           or _mma_bucket("cuda_wgmma", call, "wgmma"))  # fmt: skip
+    if why:
+        return False, why
+    capability = configs.device_capability(call.x.device)
+    if capability != WGMMA_CAPABILITY:
+        return False, f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
+    ok, why = _cuda_ext_ready(call, ("a16",))
+    if not ok:
+        return ok, why
+    from ternop.cuda import cuda_ext
+
+    if not cuda_ext.wgmma_built():
+        return False, "the extension was built without sm_90a (TORCH_CUDA_ARCH_LIST lacks 9.0a)"
+    return True, ""
+
+
+def _run_cuda_wgmma(call: backends.LinearCall) -> torch.Tensor:
+    bias = call.bias.contiguous() if call.bias is not None else None
+    return torch.ops.ternop.linear_cuda_wgmma(call.x, call.weight_packed, call.weight_scale, bias)
+
+
 def _run_cuda_mma_tiles(call: backends.LinearCall) -> torch.Tensor:
     # Takes x's row stride as it is (_cuda_ext_ready checked its alignment).
     bias = call.bias.contiguous() if call.bias is not None else None
@@ -354,6 +380,7 @@ BACKENDS = (
     backends.Backend("cuda_mma_a8_fused", "cuda", 4, _can_cuda_mma_a8_fused, _run_cuda_mma_a8_fused),
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
     backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
+    backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),

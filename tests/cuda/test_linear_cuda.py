@@ -20,14 +20,14 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BACKENDS = ["cuda_mma", "cuda_mma_tiles", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm",
+BACKENDS = ["cuda_mma", "cuda_mma_tiles", "cuda_wgmma", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm",
             "triton_gemv", "dequant_any"]  # fmt: skip
 SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 # Every backend that needs the C++ extension: where nvcc exists, a failed build is a failure.
-EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused")
+EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_wgmma", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
-LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_tiles": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
+LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_tiles": ("a16",), "cuda_wgmma": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
               "triton_gemv": ("v1",)}  # fmt: skip
 
 
@@ -94,7 +94,7 @@ def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     ok, why = backend.can_implement(_call(x, packed, scale, None, bits, layout))
     if ok or name not in EXT_BACKENDS:
         return
-    if "needs sm_80" in why:
+    if "needs sm_80" in why or "wgmma needs sm_90a" in why:
         pytest.skip(why)
     if "extension not built" in why:
         from torch.utils import cpp_extension
@@ -232,6 +232,41 @@ def test_linear_cuda_mma_tiles_shapes_with_bias_and_row_stride(monkeypatch, dtyp
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_cuda_wgmma_shapes_with_bias_and_row_stride(monkeypatch, dtype):
+    """Every tile of the Hopper kernel (64, 128, 256 tokens), split-K, ragged M and N, strided rows."""
+    for m, k, n in [*TILES_SHAPES, (65, 384, 136), (300, 14336, 1024), (700, 1024, 4096)]:
+        v1, scale = _weights(n, k)
+        packed = layouts.repack(v1, "a16")
+        x = torch.randn(m, k + 64, device="cuda").to(dtype)[:, 32 : 32 + k]  # rows k + 64 apart
+        bias = torch.randn(n, device="cuda").to(dtype)
+        _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
+        _force(monkeypatch, "cuda_wgmma")
+        y = ternop.linear(x, packed, scale, bias, layout="a16")
+        _check(y, x, v1, scale, bias)
+        again = torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, bias)
+        assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
+        assert torch.equal(y, torch.ops.ternop.linear_cuda_wgmma(x.contiguous(), packed, scale, bias))
+        for tile in range(3):
+            _check(torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, bias, tile), x, v1, scale, bias)
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+
+
+def test_linear_cuda_wgmma_equals_f_linear_on_dequantized_weights_in_fp32_sums():
+    """With integer x and power-of-two scales every product and partial sum is exact in fp32, so the
+    kernel must equal F.linear on the dequantized weights in fp64, bit for bit once rounded: a wrong
+    token, k, row, swizzle or descriptor step shows up as a mismatch, not as a tolerance."""
+    for m, k, n, tile in [(65, 1024, 1152, 0), (128, 4096, 256, 1), (300, 512, 136, 2), (513, 2048, 520, -1)]:
+        v1, _ = _weights(n, k)
+        scale = (2.0 ** torch.randint(-3, 3, (n, k // 128))).to(torch.float16).cuda()
+        packed = layouts.repack(v1, "a16")
+        x = torch.randint(-8, 9, (m, k), device="cuda").to(torch.bfloat16)
+        _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
+        y = torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, None, tile)
+        want = F.linear(x.double(), ternop.dequantize(v1, scale, torch.float64)).to(torch.bfloat16)
+        assert torch.equal(y, want), (m, k, n, tile, (y.float() - want.float()).abs().max())
+
+
 def test_linear_cuda_mma_tiles_meets_cuda_mma_at_m16():
     """Where the two kernels meet (cuda_mma scales each block's fp32 partial, cuda_mma_tiles the
     decoded weights in x's dtype, as ternop.dequantize does), both meet the 2x rule."""
@@ -253,7 +288,10 @@ def test_linear_cuda_mma_tiles_takes_m_17_to_64():
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
         chosen[m] = backends.select(_call(x, packed, scale, layout="a16")).name
-    assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: "triton_a16"}, chosen
+    from ternop.cuda import cuda_ext
+
+    above = "cuda_wgmma" if torch.cuda.get_device_capability() == (9, 0) and cuda_ext.wgmma_built() else "triton_a16"
+    assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: above}, chosen
 
 
 def test_linear_cuda_mma_declines_with_reasons():
@@ -281,7 +319,7 @@ def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
     stored = layouts.repack(packed, layout)
     m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16}.get(name, 80)
     x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
-    if name in ("cuda_mma", "cuda_mma_tiles", "triton_a16") and dtype == torch.float32:
+    if name in ("cuda_mma", "cuda_mma_tiles", "cuda_wgmma", "triton_a16") and dtype == torch.float32:
         ok, why = backends.get(name).can_implement(_call(x3, stored, scale, bias, layout=layout))
         assert not ok and "float32" in why
         name = None  # the dispatcher must still serve fp32 with another backend
@@ -301,7 +339,7 @@ def test_linear_cuda_reserved_code_reads_as_zero(monkeypatch, name):
     assert bool((((packed & (packed >> 1)) & 0x55) != 0).any())
     layout = _layout_for(name)
     stored = layouts.repack(packed, layout)
-    x = torch.randn(3 if name != "cuda_mma_tiles" else 40, 512, device="cuda", dtype=torch.float16)
+    x = torch.randn({"cuda_mma_tiles": 40, "cuda_wgmma": 80}.get(name, 3), 512, device="cuda", dtype=torch.float16)
     _skip_unavailable(name, x, stored, scale, layout=layout)
     _force(monkeypatch, name)
     _check(ternop.linear(x, stored, scale, layout=layout), x, packed, scale)
@@ -371,7 +409,7 @@ def test_linear_cuda_compile_dynamic_m_one_graph(layout):
     "m,name,dtype",
     [(1, None, torch.float16), (3, None, torch.float16), (64, None, torch.float16), (1000, None, torch.float16),
      (1, "cuda_mma", torch.bfloat16), (16, "cuda_mma", torch.float16), (64, "cuda_mma_tiles", torch.bfloat16),
-     (40, "cuda_mma_tiles", torch.float16)],
+     (40, "cuda_mma_tiles", torch.float16), (200, "cuda_wgmma", torch.bfloat16), (80, "cuda_wgmma", torch.float16)],
 )
 def test_linear_cuda_graph_capture_replays(monkeypatch, m, name, dtype):
     layout = _layout_for(name)

@@ -23,7 +23,8 @@ from ternop.cuda.cuda_ext import CSRC
 from ternop.format import dequantize
 from tests.cuda.test_mma_mapping import U32, _const, _inputs, float_to_bits, halves_to_float, mma
 
-_SRC = (CSRC / "ternary_mma_tiles.cu").read_text()
+# The tiles kernel and the a16 helpers it includes (the decode constants live there).
+_SRC = (CSRC / "ternary_mma_tiles.cu").read_text() + (CSRC / "ternary_a16.cuh").read_text()
 ROW_BYTES = _const(_SRC, "kRowBytes")
 X_ROW_BYTES = _const(_SRC, "kXRowBytes")
 TILES = [tuple(int(v) for v in m.groups())

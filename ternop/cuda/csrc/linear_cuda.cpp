@@ -12,6 +12,8 @@
 //                               int layout) -> Tensor
 //   ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
 //                                 int tile=-1) -> Tensor
+//   ternop::linear_cuda_wgmma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
+//                             int tile=-1) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -23,7 +25,8 @@
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
-// layout; ternary_mma_tiles.cu) adds an fp32 workspace when it splits K. They allocate only through
+// layout; ternary_mma_tiles.cu) adds an fp32 workspace when it splits K; linear_cuda_wgmma takes the
+// same arguments and runs Hopper's wgmma (ternary_wgmma.cu, sm_90a builds only). They allocate only through
 // the caching allocator and launch on the current stream, so they are safe inside CUDA graph
 // capture.
 
@@ -51,6 +54,10 @@ int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile);
 cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
                                      const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
                                      int tile, cudaStream_t stream);
+int ternary_wgmma_splits(int M, int N, int K, int sms, int tile);
+cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
+                                 const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
+                                 int tile, int sms, cudaStream_t stream);
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
 }  // namespace ternop
@@ -211,9 +218,13 @@ at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_pac
   return at::linear(x, w, bias);
 }
 
-at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                                 const std::optional<at::Tensor>& bias, int64_t tile) {
-  const char* op = "ternop.linear_cuda_mma_tiles";
+// The shared body of the split-K a16 ops (mid and large M): x [M, K] fp16/bf16 with any row
+// stride that keeps rows 16-byte aligned, checks, the split count splits_of(M, N, K, sms), the fp32
+// workspace, launch(code, bias, out, workspace, M, N, K, splits, sms) on the current stream.
+template <typename Splits, typename Launch>
+at::Tensor run_split_k(const char* op, const at::Tensor& x, const at::Tensor& weight_packed,
+                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, Splits&& splits_of,
+                       Launch&& launch) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.size(0) >= 1, op, ": x must be a 2-D CUDA tensor with M >= 1, got ",
               x.sizes());
   const int code = dtype_code(x.scalar_type());
@@ -229,18 +240,41 @@ at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_p
   int sms = 0;
   TORCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()) == cudaSuccess, op,
               ": could not read the device's multiprocessor count");
-  const int splits = ternop::ternary_mma_tiles_splits(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-                                                      sms, static_cast<int>(tile));
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  const int splits = splits_of(m, n, k, sms);
   at::Tensor out = at::empty({M, N}, x.options());
   at::Tensor workspace;
   if (splits > 1) workspace = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
-  const cudaError_t err = ternop::launch_ternary_mma_tiles(
-      x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
-      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(),
-      splits > 1 ? workspace.data_ptr<float>() : nullptr, static_cast<int>(M), static_cast<int>(N),
-      static_cast<int>(K), splits, static_cast<int>(tile), stream_of(x));
+  const cudaError_t err =
+      launch(code, b, out.data_ptr(), splits > 1 ? workspace.data_ptr<float>() : nullptr, m, n, k, splits, sms);
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
+}
+
+at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                                 const std::optional<at::Tensor>& bias, int64_t tile) {
+  const int t = static_cast<int>(tile);
+  return run_split_k(
+      "ternop.linear_cuda_mma_tiles", x, weight_packed, weight_scale, bias,
+      [&](int M, int N, int K, int sms) { return ternop::ternary_mma_tiles_splits(M, N, K, sms, t); },
+      [&](int code, const void* b, void* out, float* workspace, int M, int N, int K, int splits, int) {
+        return ternop::launch_ternary_mma_tiles(x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
+                                                reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out,
+                                                workspace, M, N, K, splits, t, stream_of(x));
+      });
+}
+
+at::Tensor linear_cuda_wgmma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
+                             const std::optional<at::Tensor>& bias, int64_t tile) {
+  const int t = static_cast<int>(tile);
+  return run_split_k(
+      "ternop.linear_cuda_wgmma", x, weight_packed, weight_scale, bias,
+      [&](int M, int N, int K, int sms) { return ternop::ternary_wgmma_splits(M, N, K, sms, t); },
+      [&](int code, const void* b, void* out, float* workspace, int M, int N, int K, int splits, int sms) {
+        return ternop::launch_ternary_wgmma(x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
+                                            reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out,
+                                            workspace, M, N, K, splits, t, sms, stream_of(x));
+      });
 }
 
 }  // namespace
@@ -252,4 +286,5 @@ TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda_mma_a8_fused", &linear_cuda_mma_a8_fused);
   m.impl("linear_cuda_dequant", &linear_cuda_dequant);
   m.impl("linear_cuda_mma_tiles", &linear_cuda_mma_tiles);
+  m.impl("linear_cuda_wgmma", &linear_cuda_wgmma);
 }

@@ -1,0 +1,480 @@
+// Ternary linear on Hopper's warpgroup tensor cores: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n])
+// for M from 65 up (the bucket in ternop/cuda/configs.py; any M runs), x fp16 or bf16, weights in
+// the "a16" layout (ternop/layouts.py). Needs sm_90a (wgmma); cuda_ext.py builds for it on a
+// compute-capability 9.0 GPU, and elsewhere the kernel body is a trap that the registry never
+// launches. No dense copy of W is written: each weight is decoded once per CTA, in registers.
+//
+// Orientation. The problem runs transposed, out^T = W x^T, so that the weights are the wgmma's A
+// operand, which may come from registers: one wgmma m64nBTk16 multiplies A = 64 weight rows x 16 k
+// (decoded by the warpgroup, each warp its 16 rows, in the m16n8k16 A-fragment layout that
+// ternary_mma_tiles.cu documents) by B = 16 k x BT tokens, read by the tensor cores straight from
+// shared memory through a matrix descriptor, into fp32 [64 rows x BT tokens] in registers.
+// The decoding (a16 fields to v, times the block's scale in x's dtype, exact) is that of
+// ternary_mma_tiles.cu, shared through ternary_a16.cuh.
+//
+// CTA. Two warpgroups, 128 weight rows (64 each) x BT tokens; both read the same x tile. Per
+// 128-wide scale block, the CTA stages x [BT x 128] and the codes [128 rows x 32 bytes] in shared
+// memory with cp.async, kStages - 2 blocks ahead: a slot is refilled two blocks after its last
+// wgmma was issued, by which time every warpgroup has waited for it (wait_group 1 after each
+// wgmma, then the barrier at the top of the block), so no drain is needed between blocks.
+//
+// x in shared memory, as the descriptor reads it. Each half (k 0..63, 64..127) of a block is BT
+// rows of 128 bytes, one per token (K-major B), in the 128-byte swizzle: 16-byte chunk c of
+// token r sits at chunk c ^ (r % 8) of its row, rows of eight tokens form 1024-byte atoms
+// (the descriptor's stride), and every half starts 1024-byte aligned. Stepping k by 16 inside a
+// half adds 32 bytes to the descriptor's start address; the hardware applies the swizzle to the
+// address it forms. cp.async writes through the generic proxy and wgmma reads through the async
+// one, so each thread fences the two before the barrier that publishes a block.
+//
+// Pipelining inside a block. The A fragments are double-buffered: the warpgroup decodes step
+// s + 1 into one register set while the wgmma of step s reads the other; wait_group 1 after
+// each commit frees the set that step s + 1 overwrites.
+//
+// Split-K. When the output tiles cannot fill the GPU (narrow layers, small M), CTAs take ranges
+// of scale blocks (blockIdx.z), write fp32 partials [S, M, N], and split_k_reduce_kernel adds
+// them in a fixed order.
+//
+// Tokens past M and rows past N read the last token / row (loads stay unconditional); their
+// outputs are never written.
+
+#include "ternary_a16.cuh"
+
+namespace ternop {
+
+namespace {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TERNOP_HAS_WGMMA 1
+#else
+#define TERNOP_HAS_WGMMA 0
+#endif
+
+constexpr int kCodeRowBytes = 48;  // shared-memory stride of one row's 32 code bytes (no bank conflicts)
+constexpr int kGroups = 2;         // warpgroups of a CTA, 64 weight rows each
+constexpr int kRows = 64 * kGroups;
+constexpr int kThreads = 128 * kGroups;
+
+// The shared-memory matrix descriptor of a K-major, 128-byte-swizzled B operand at `addr`:
+// start address >> 4 (bits 0-13), leading byte offset 16 (bits 16-29; unused by swizzled K-major
+// layouts), stride byte offset 1024 between groups of eight tokens (bits 32-45), base offset 0
+// (atoms are 1024-byte aligned), swizzle mode 1 = 128 bytes (bits 62-63).
+__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// cp.async's writes (generic proxy) become visible to wgmma's reads (async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[64 rows x BT tokens] = A (registers, 64 x 16) * B (descriptor, 16 x BT) (+ d when scale_d != 0),
+// fp32 accumulate.
+// Per warp w, d[4j + r] is row 16w + g + 8 (r / 2), token 8j + 2q + r % 2 (g = lane / 4, q = lane % 4).
+template <typename T, int BT>
+struct Wgmma;
+
+#if TERNOP_HAS_WGMMA
+template <>
+struct Wgmma<__half, 64> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<__nv_bfloat16, 64> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<__half, 128> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<__nv_bfloat16, 128> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<__half, 256> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<__nv_bfloat16, 256> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+#else
+template <typename T, int BT>
+struct Wgmma {
+  __device__ __forceinline__ static void run(uint32_t, float (&)[BT / 2], const uint32_t (&)[4], uint64_t) { __trap(); }
+};
+#endif
+
+template <int BT_, int kStages_>
+struct WgTile {
+  static constexpr int BT = BT_, kStages = kStages_;
+  static constexpr int kXHalfBytes = BT * 128;
+  static constexpr int kXBytes = 2 * kXHalfBytes;
+  static constexpr int kWBytes = kRows * kCodeRowBytes;
+  static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+  static_assert(kStages >= 3, "a slot is refilled two blocks after its use");
+  static_assert(BT * 16 % kThreads == 0, "whole x chunks per thread");
+};
+
+// Issues the cp.async of scale block kb into a stage: x [BT x 128] (two swizzled halves) and the
+// codes [128 rows x 32 bytes].
+template <typename Cfg, typename T>
+__device__ __forceinline__ void load_stage(uint32_t stage, const T* __restrict__ x, int64_t ldx, int m0, int M,
+                                           const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N, int kb) {
+#pragma unroll
+  for (int j = 0; j < Cfg::BT * 16 / kThreads; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / 16, chunk = c % 16;
+    const int half = chunk / 8, cc = chunk % 8;
+    const int m = min(m0 + r, M - 1);
+    cp_async16(stage + half * Cfg::kXHalfBytes + r * 128 + ((cc ^ (r & 7)) * 16), x + m * ldx + kb * 128 + chunk * 8);
+  }
+  static_assert(kRows * 2 == kThreads, "one 16-byte chunk of codes per thread");
+  const int r = threadIdx.x / 2, half = threadIdx.x % 2;
+  const int n = min(n0 + r, N - 1);
+  cp_async16(stage + Cfg::kXBytes + r * kCodeRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    ternary_wgmma_kernel(const T* __restrict__ x, int64_t ldx, const uint8_t* __restrict__ wp,
+                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
+                         float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
+#if !TERNOP_HAS_WGMMA
+  __trap();  // not an sm_90a build: the registry never launches it
+#endif
+  constexpr int BT = Cfg::BT, kStages = Cfg::kStages, R = BT / 2;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  const uint8_t* smem = smem_raw + (base - raw);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int row = 16 * warp + g;  // this lane's rows of the CTA: row and row + 8 (warp w of group w / 4)
+  const int n0 = blockIdx.x * kRows, m0 = blockIdx.y * BT;
+  const int blocks = K / 128;
+  const int kb_begin = blockIdx.z * blocks_per_split;
+  const int count = max(0, min(blocks_per_split, blocks - kb_begin));
+  const int64_t row_bytes = K / 4;
+
+  const __half* ps0 = ws + kb_begin;
+  const int srow0 = min(n0 + row, N - 1), srow1 = min(n0 + row + 8, N - 1);
+  const uint32_t magic = Pair16<T>::kMagic;
+
+  // The first wgmma overwrites the accumulators (scale-d 0): zeroing them with ordinary
+  // instructions would make ptxas serialize every wgmma of the loop.
+  float acc[R];
+
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s) {
+    if (s < count) load_stage<Cfg>(base + s * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N, kb_begin + s);
+    cp_async_commit();
+  }
+  __half sc0 = count > 0 ? ps0[static_cast<int64_t>(srow0) * blocks] : __float2half(0.f);
+  __half sc1 = count > 0 ? ps0[static_cast<int64_t>(srow1) * blocks] : __float2half(0.f);
+
+  uint32_t a[2][4];
+  for (int i = 0; i < count; ++i) {
+    cp_async_wait<kStages - 3>();
+    fence_proxy_async();
+    __syncthreads();  // block i has landed for every thread; block i - 2's slot is free everywhere
+    {
+      const int next = i + kStages - 2;
+      if (next < count)
+        load_stage<Cfg>(base + (next % kStages) * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N,
+                        kb_begin + next);
+      cp_async_commit();
+    }
+    const uint32_t sp0 = scale_pair<T>(sc0), sp1 = scale_pair<T>(sc1);
+    if (i + 1 < count) {
+      sc0 = ps0[static_cast<int64_t>(srow0) * blocks + i + 1];
+      sc1 = ps0[static_cast<int64_t>(srow1) * blocks + i + 1];
+    }
+    const uint32_t stage = base + (i % kStages) * Cfg::kStageBytes;
+    const uint8_t* wrow = smem + (stage - base) + Cfg::kXBytes + row * kCodeRowBytes;
+    const uint4 r0a = *reinterpret_cast<const uint4*>(wrow);
+    const uint4 r0b = *reinterpret_cast<const uint4*>(wrow + 16);
+    const uint4 r1a = *reinterpret_cast<const uint4*>(wrow + 8 * kCodeRowBytes);
+    const uint4 r1b = *reinterpret_cast<const uint4*>(wrow + 8 * kCodeRowBytes + 16);
+    const uint32_t w0[8] = {r0a.x, r0a.y, r0a.z, r0a.w, r0b.x, r0b.y, r0b.z, r0b.w};
+    const uint32_t w1[8] = {r1a.x, r1a.y, r1a.z, r1a.w, r1b.x, r1b.y, r1b.z, r1b.w};
+
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      uint32_t(&as)[4] = a[s & 1];
+      const uint32_t u0 = w0[s] >> (2 * q), u1 = w1[s] >> (2 * q);
+      as[0] = mul2<T>(decode_pair<T>(u0, magic), sp0);
+      as[1] = mul2<T>(decode_pair<T>(u1, magic), sp1);
+      as[2] = mul2<T>(decode_pair<T>(u0 >> 8, magic), sp0);
+      as[3] = mul2<T>(decode_pair<T>(u1 >> 8, magic), sp1);
+      wgmma_fence();
+      Wgmma<T, BT>::run(i > 0 || s > 0, acc, as, b_desc(stage + (s / 4) * Cfg::kXHalfBytes + (s % 4) * 32));
+      wgmma_commit();
+      wgmma_wait<1>();
+    }
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  if (count == 0) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+  }
+  cp_async_wait<0>();
+
+  const int n_lo = n0 + row;
+#pragma unroll
+  for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = n_lo + 8 * (r / 2);
+      const int m = m0 + 8 * j + 2 * q + (r & 1);
+      if (n < N && m < M) {
+        if (partial != nullptr) {
+          partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[4 * j + r];
+        } else {
+          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[4 * j + r] + bv);
+        }
+      }
+    }
+}
+
+// The tiles: BT tokens, stages. 128 weight rows each.
+using WgTile0 = WgTile<64, 6>;
+using WgTile1 = WgTile<128, 5>;
+using WgTile2 = WgTile<256, 3>;
+constexpr int kWgTiles = 3;
+constexpr int kWgTokens[kWgTiles] = {WgTile0::BT, WgTile1::BT, WgTile2::BT};
+
+template <typename T, typename Cfg>
+cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
+                         float* workspace, int M, int N, int K, int splits, cudaStream_t stream) {
+  auto kernel = ternary_wgmma_kernel<T, Cfg>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int blocks = K / 128;
+  const int per_split = (blocks + splits - 1) / splits;
+  const dim3 grid((N + kRows - 1) / kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(x, ldx, wp, ws, bias, out, splits > 1 ? workspace : nullptr, M,
+                                                      N, K, per_split);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  const int64_t mn = static_cast<int64_t>(M) * N;
+  const int threads = 256;
+  const int64_t want = (mn + threads - 1) / threads;
+  const int grid_r = static_cast<int>(want < 4096 ? want : 4096);
+  split_k_reduce_kernel<T><<<grid_r, threads, 0, stream>>>(workspace, bias, out, mn, N, splits);
+  return cudaGetLastError();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The tile for a call when none is forced: the widest token tile whose CTAs still fill the GPU
+// (one CTA an SM), else the narrowest.
+int auto_wgmma_tile(int M, int N, int sms) {
+  for (int t = kWgTiles - 1; t > 0; --t)
+    if (ceil_div(N, kRows) * ceil_div(M, kWgTokens[t]) >= sms) return t;
+  return 0;
+}
+
+}  // namespace
+
+int ternary_wgmma_tile(int M, int N, int K, int sms, int tile) {
+  (void)K;
+  return tile >= 0 && tile < kWgTiles ? tile : auto_wgmma_tile(M, N, sms);
+}
+
+// Splits of K: doubled while the CTAs (one an SM) do not fill every SM and each split keeps at
+// least two scale blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
+int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
+  const int bt = kWgTokens[ternary_wgmma_tile(M, N, K, sms, tile)];
+  const int64_t tiles = ceil_div(N, kRows) * ceil_div(M, bt);
+  const int blocks = K / 128;
+  int splits = 1;
+  while (splits < 16 && tiles * splits < sms && blocks / (2 * splits) >= 2) splits *= 2;
+  return splits;
+}
+
+// x: [M, K] with row stride ldx (elements, a multiple of 8), fp16 or bf16; wp: uint8 [N, K/4]
+// in the a16 layout; ws: fp16 [N, K/128]; bias [N] in x's dtype or nullptr; out [M, N];
+// workspace: fp32 [splits, M, N] when splits > 1. x, wp 16-byte aligned, K a multiple of 128.
+cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
+                                 const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
+                                 int tile, int sms, cudaStream_t stream) {
+  if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1) return cudaErrorInvalidValue;
+  return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    const T* bt = static_cast<const T*>(bias);
+    T* ot = static_cast<T*>(out);
+    switch (ternary_wgmma_tile(M, N, K, sms, tile)) {
+      case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+    }
+  });
+}
+
+}  // namespace ternop
