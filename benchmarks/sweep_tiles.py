@@ -11,7 +11,7 @@ bench_linear's method (CUDA-graph replays over weight copies rotated past the L2
 output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
 
 ``--kernel wgmma`` does the same for the Hopper kernel (``ternop/cuda/csrc/ternary_wgmma.cu``,
-tiles 0-2: 64, 128 and 256 tokens a CTA; ``auto_wgmma_tile`` there picks one).
+tiles 0-4, ``WgTile0``-``WgTile4`` there; ``auto_wgmma_tile`` picks one).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 # kernel -> (op name, number of tiles)
-KERNELS = {"mma_tiles": ("linear_cuda_mma_tiles", 2), "wgmma": ("linear_cuda_wgmma", 3)}
+KERNELS = {"mma_tiles": ("linear_cuda_mma_tiles", 2), "wgmma": ("linear_cuda_wgmma", 5)}
 
 
 def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:

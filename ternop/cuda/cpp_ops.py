@@ -19,7 +19,8 @@ or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA
 which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and dtypes are
 those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_tiles`` is -1 (the
 kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks); that of
-``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or 0, 1, 2 (64, 128 or 256 tokens a CTA).
+``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or one of its tiles 0-4 (``WgTile0``-``WgTile4`` of
+``csrc/ternary_wgmma.cu``).
 """
 
 from __future__ import annotations

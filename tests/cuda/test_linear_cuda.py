@@ -234,7 +234,8 @@ def test_linear_cuda_mma_tiles_shapes_with_bias_and_row_stride(monkeypatch, dtyp
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_linear_cuda_wgmma_shapes_with_bias_and_row_stride(monkeypatch, dtype):
-    """Every tile of the Hopper kernel (64, 128, 256 tokens), split-K, ragged M and N, strided rows."""
+    """Every tile of the Hopper kernel (128 or 256 rows x 64, 128 or 256 tokens), split-K, ragged M and
+    N, strided rows."""
     for m, k, n in [*TILES_SHAPES, (65, 384, 136), (300, 14336, 1024), (700, 1024, 4096)]:
         v1, scale = _weights(n, k)
         packed = layouts.repack(v1, "a16")
@@ -247,7 +248,7 @@ def test_linear_cuda_wgmma_shapes_with_bias_and_row_stride(monkeypatch, dtype):
         again = torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, bias)
         assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
         assert torch.equal(y, torch.ops.ternop.linear_cuda_wgmma(x.contiguous(), packed, scale, bias))
-        for tile in range(3):
+        for tile in range(5):
             _check(torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, bias, tile), x, v1, scale, bias)
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
@@ -256,7 +257,8 @@ def test_linear_cuda_wgmma_equals_f_linear_on_dequantized_weights_in_fp32_sums()
     """With integer x and power-of-two scales every product and partial sum is exact in fp32, so the
     kernel must equal F.linear on the dequantized weights in fp64, bit for bit once rounded: a wrong
     token, k, row, swizzle or descriptor step shows up as a mismatch, not as a tolerance."""
-    for m, k, n, tile in [(65, 1024, 1152, 0), (128, 4096, 256, 1), (300, 512, 136, 2), (513, 2048, 520, -1)]:
+    for m, k, n, tile in [(65, 1024, 1152, 0), (128, 4096, 256, 1), (300, 512, 136, 2), (200, 1024, 520, 3),
+                          (260, 2048, 640, 4), (513, 2048, 520, -1)]:
         v1, _ = _weights(n, k)
         scale = (2.0 ** torch.randint(-3, 3, (n, k // 128))).to(torch.float16).cuda()
         packed = layouts.repack(v1, "a16")

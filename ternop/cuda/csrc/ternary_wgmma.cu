@@ -50,8 +50,7 @@ namespace {
 #endif
 
 constexpr int kCodeRowBytes = 48;  // shared-memory stride of one row's 32 code bytes (no bank conflicts)
-constexpr int kGroups = 2;         // warpgroups of a CTA, 64 weight rows each
-constexpr int kRows = 64 * kGroups;
+constexpr int kGroups = 2;         // warpgroups of a CTA
 constexpr int kThreads = 128 * kGroups;
 
 // The shared-memory matrix descriptor of a K-major, 128-byte-swizzled B operand at `addr`:
@@ -265,20 +264,22 @@ struct Wgmma {
 };
 #endif
 
-template <int BT_, int kStages_>
+template <int BT_, int MT_, int kStages_>
 struct WgTile {
-  static constexpr int BT = BT_, kStages = kStages_;
+  static constexpr int BT = BT_, MT = MT_, kStages = kStages_;
+  static constexpr int kRows = 64 * MT * kGroups;  // weight rows of the CTA: MT m64 tiles a warpgroup
   static constexpr int kXHalfBytes = BT * 128;
   static constexpr int kXBytes = 2 * kXHalfBytes;
   static constexpr int kWBytes = kRows * kCodeRowBytes;
   static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
   static_assert(kStages >= 3, "a slot is refilled two blocks after its use");
-  static_assert(BT * 16 % kThreads == 0, "whole x chunks per thread");
+  static_assert(BT * 16 % kThreads == 0 && kRows * 2 % kThreads == 0, "whole 16-byte chunks per thread");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
 
 // Issues the cp.async of scale block kb into a stage: x [BT x 128] (two swizzled halves) and the
-// codes [128 rows x 32 bytes].
+// codes [kRows x 32 bytes].
 template <typename Cfg, typename T>
 __device__ __forceinline__ void load_stage(uint32_t stage, const T* __restrict__ x, int64_t ldx, int m0, int M,
                                            const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N, int kb) {
@@ -290,10 +291,13 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const T* __restrict__
     const int m = min(m0 + r, M - 1);
     cp_async16(stage + half * Cfg::kXHalfBytes + r * 128 + ((cc ^ (r & 7)) * 16), x + m * ldx + kb * 128 + chunk * 8);
   }
-  static_assert(kRows * 2 == kThreads, "one 16-byte chunk of codes per thread");
-  const int r = threadIdx.x / 2, half = threadIdx.x % 2;
-  const int n = min(n0 + r, N - 1);
-  cp_async16(stage + Cfg::kXBytes + r * kCodeRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+#pragma unroll
+  for (int j = 0; j < Cfg::kRows * 2 / kThreads; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / 2, half = c % 2;
+    const int n = min(n0 + r, N - 1);
+    cp_async16(stage + Cfg::kXBytes + r * kCodeRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+  }
 }
 
 template <typename T, typename Cfg>
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
-  constexpr int BT = Cfg::BT, kStages = Cfg::kStages, R = BT / 2;
+  constexpr int BT = Cfg::BT, MT = Cfg::MT, kStages = Cfg::kStages, R = BT / 2;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
@@ -312,30 +316,40 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
-  const int row = 16 * warp + g;  // this lane's rows of the CTA: row and row + 8 (warp w of group w / 4)
-  const int n0 = blockIdx.x * kRows, m0 = blockIdx.y * BT;
+  // This lane's rows of the CTA: tile mt of warpgroup warp / 4 starts at 64 (MT (warp / 4) + mt);
+  // warp % 4 owns 16 of its rows, the lane g and g + 8 of those.
+  int row[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) row[mt] = 64 * (MT * (warp / 4) + mt) + 16 * (warp % 4) + g;
+  const int n0 = blockIdx.x * Cfg::kRows, m0 = blockIdx.y * BT;
   const int blocks = K / 128;
   const int kb_begin = blockIdx.z * blocks_per_split;
   const int count = max(0, min(blocks_per_split, blocks - kb_begin));
   const int64_t row_bytes = K / 4;
 
   const __half* ps0 = ws + kb_begin;
-  const int srow0 = min(n0 + row, N - 1), srow1 = min(n0 + row + 8, N - 1);
+  int srow[MT][2];
+  __half sc[MT][2];  // this block's scales, loaded a block ahead
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      srow[mt][h] = min(n0 + row[mt] + 8 * h, N - 1);
+      sc[mt][h] = count > 0 ? ps0[static_cast<int64_t>(srow[mt][h]) * blocks] : __float2half(0.f);
+    }
   const uint32_t magic = Pair16<T>::kMagic;
 
-  // The first wgmma overwrites the accumulators (scale-d 0): zeroing them with ordinary
-  // instructions would make ptxas serialize every wgmma of the loop.
-  float acc[R];
+  // The first wgmma of each tile overwrites its accumulators (scale-d 0): zeroing them with
+  // ordinary instructions would make ptxas serialize every wgmma of the loop.
+  float acc[MT][R];
 
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
     if (s < count) load_stage<Cfg>(base + s * Cfg::kStageBytes, x, ldx, m0, M, wp, row_bytes, n0, N, kb_begin + s);
     cp_async_commit();
   }
-  __half sc0 = count > 0 ? ps0[static_cast<int64_t>(srow0) * blocks] : __float2half(0.f);
-  __half sc1 = count > 0 ? ps0[static_cast<int64_t>(srow1) * blocks] : __float2half(0.f);
 
-  uint32_t a[2][4];
+  uint32_t a[2][MT][4];
   for (int i = 0; i < count; ++i) {
     cp_async_wait<kStages - 3>();
     fence_proxy_async();
@@ -347,66 +361,97 @@ __global__ void __launch_bounds__(kThreads, 1)
                         kb_begin + next);
       cp_async_commit();
     }
-    const uint32_t sp0 = scale_pair<T>(sc0), sp1 = scale_pair<T>(sc1);
-    if (i + 1 < count) {
-      sc0 = ps0[static_cast<int64_t>(srow0) * blocks + i + 1];
-      sc1 = ps0[static_cast<int64_t>(srow1) * blocks + i + 1];
-    }
+    uint32_t sp[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sp[mt][h] = scale_pair<T>(sc[mt][h]);
+        if (i + 1 < count) sc[mt][h] = ps0[static_cast<int64_t>(srow[mt][h]) * blocks + i + 1];
+      }
     const uint32_t stage = base + (i % kStages) * Cfg::kStageBytes;
-    const uint8_t* wrow = smem + (stage - base) + Cfg::kXBytes + row * kCodeRowBytes;
-    const uint4 r0a = *reinterpret_cast<const uint4*>(wrow);
-    const uint4 r0b = *reinterpret_cast<const uint4*>(wrow + 16);
-    const uint4 r1a = *reinterpret_cast<const uint4*>(wrow + 8 * kCodeRowBytes);
-    const uint4 r1b = *reinterpret_cast<const uint4*>(wrow + 8 * kCodeRowBytes + 16);
-    const uint32_t w0[8] = {r0a.x, r0a.y, r0a.z, r0a.w, r0b.x, r0b.y, r0b.z, r0b.w};
-    const uint32_t w1[8] = {r1a.x, r1a.y, r1a.z, r1a.w, r1b.x, r1b.y, r1b.z, r1b.w};
+    const uint8_t* codes = smem + (stage - base) + Cfg::kXBytes;
 
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      uint32_t(&as)[4] = a[s & 1];
-      const uint32_t u0 = w0[s] >> (2 * q), u1 = w1[s] >> (2 * q);
-      as[0] = mul2<T>(decode_pair<T>(u0, magic), sp0);
-      as[1] = mul2<T>(decode_pair<T>(u1, magic), sp1);
-      as[2] = mul2<T>(decode_pair<T>(u0 >> 8, magic), sp0);
-      as[3] = mul2<T>(decode_pair<T>(u1 >> 8, magic), sp1);
-      wgmma_fence();
-      Wgmma<T, BT>::run(i > 0 || s > 0, acc, as, b_desc(stage + (s / 4) * Cfg::kXHalfBytes + (s % 4) * 32));
-      wgmma_commit();
-      wgmma_wait<1>();
+    for (int half = 0; half < 2; ++half) {
+      // This lane's code words of the half block (k16 steps 4 half .. 4 half + 3), rows row and row + 8.
+      uint4 w[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          w[mt][h] = *reinterpret_cast<const uint4*>(codes + (row[mt] + 8 * h) * kCodeRowBytes + 16 * half);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int s = 4 * half + t;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t(&as)[4] = a[s & 1][mt];
+          const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&w[mt][0]);
+          const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&w[mt][1]);
+          const uint32_t u0 = w0[t] >> (2 * q), u1 = w1[t] >> (2 * q);
+          as[0] = mul2<T>(decode_pair<T>(u0, magic), sp[mt][0]);
+          as[1] = mul2<T>(decode_pair<T>(u1, magic), sp[mt][1]);
+          as[2] = mul2<T>(decode_pair<T>(u0 >> 8, magic), sp[mt][0]);
+          as[3] = mul2<T>(decode_pair<T>(u1 >> 8, magic), sp[mt][1]);
+        }
+        wgmma_fence();
+        const uint64_t desc = b_desc(stage + half * Cfg::kXHalfBytes + t * 32);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) Wgmma<T, BT>::run(i > 0 || s > 0, acc[mt], a[s & 1][mt], desc);
+        wgmma_commit();
+        wgmma_wait<1>();
+      }
     }
   }
   wgmma_wait<0>();
-  fence_acc(acc);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) fence_acc(acc[mt]);
+  cp_async_wait<0>();
   if (count == 0) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[mt][i] = 0.f;
   }
-  cp_async_wait<0>();
 
-  const int n_lo = n0 + row;
+  // acc[mt][4j + r] is row n0 + row[mt] + 8 (r / 2), token m0 + 8j + 2q + r % 2.
 #pragma unroll
-  for (int j = 0; j < BT / 8; ++j)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int n = n_lo + 8 * (r / 2);
-      const int m = m0 + 8 * j + 2 * q + (r & 1);
-      if (n < N && m < M) {
-        if (partial != nullptr) {
-          partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[4 * j + r];
-        } else {
-          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[4 * j + r] + bv);
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int n = n0 + row[mt] + 8 * (r / 2);
+        const int m = m0 + 8 * j + 2 * q + (r & 1);
+        if (n < N && m < M) {
+          if (partial != nullptr) {
+            partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[mt][4 * j + r];
+          } else {
+            const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+            out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[mt][4 * j + r] + bv);
+          }
         }
       }
-    }
 }
 
-// The tiles: BT tokens, stages. 128 weight rows each.
-using WgTile0 = WgTile<64, 6>;
-using WgTile1 = WgTile<128, 5>;
-using WgTile2 = WgTile<256, 3>;
-constexpr int kWgTiles = 3;
-constexpr int kWgTokens[kWgTiles] = {WgTile0::BT, WgTile1::BT, WgTile2::BT};
+// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages>; a CTA owns 128 MT weight rows.
+using WgTile0 = WgTile<64, 1, 6>;
+using WgTile1 = WgTile<128, 1, 5>;
+using WgTile2 = WgTile<256, 1, 3>;
+using WgTile3 = WgTile<64, 2, 6>;
+using WgTile4 = WgTile<128, 2, 4>;
+constexpr int kWgTiles = 5;
+
+struct WgShape {
+  int rows, tokens;
+};
+template <typename Cfg>
+constexpr WgShape wg_shape() {
+  return {Cfg::kRows, Cfg::BT};
+}
+constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>()};
 
 template <typename T, typename Cfg>
 cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
@@ -416,7 +461,7 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   if (err != cudaSuccess) return err;
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;
-  const dim3 grid((N + kRows - 1) / kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
+  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(x, ldx, wp, ws, bias, out, splits > 1 ? workspace : nullptr, M,
                                                       N, K, per_split);
   err = cudaGetLastError();
@@ -431,12 +476,20 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The tile for a call when none is forced: the widest token tile whose CTAs still fill the GPU
-// (one CTA an SM), else the narrowest.
+int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * ceil_div(M, kWgShapes[t].tokens); }
+
+// The tile for a call when none is forced: the largest tile (rows x tokens) whose CTAs still fill
+// the GPU (one CTA an SM), else the one with the most CTAs.
 int auto_wgmma_tile(int M, int N, int sms) {
-  for (int t = kWgTiles - 1; t > 0; --t)
-    if (ceil_div(N, kRows) * ceil_div(M, kWgTokens[t]) >= sms) return t;
-  return 0;
+  int best = 0;
+  for (int t = 1; t < kWgTiles; ++t) {
+    const int64_t area = int64_t{kWgShapes[t].rows} * kWgShapes[t].tokens;
+    const int64_t best_area = int64_t{kWgShapes[best].rows} * kWgShapes[best].tokens;
+    const bool fills = ctas_of(t, M, N) >= sms, best_fills = ctas_of(best, M, N) >= sms;
+    if ((fills && (!best_fills || area > best_area)) || (!fills && !best_fills && ctas_of(t, M, N) > ctas_of(best, M, N)))
+      best = t;
+  }
+  return best;
 }
 
 }  // namespace
@@ -449,8 +502,7 @@ int ternary_wgmma_tile(int M, int N, int K, int sms, int tile) {
 // Splits of K: doubled while the CTAs (one an SM) do not fill every SM and each split keeps at
 // least two scale blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
-  const int bt = kWgTokens[ternary_wgmma_tile(M, N, K, sms, tile)];
-  const int64_t tiles = ceil_div(N, kRows) * ceil_div(M, bt);
+  const int64_t tiles = ctas_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N);
   const int blocks = K / 128;
   int splits = 1;
   while (splits < 16 && tiles * splits < sms && blocks / (2 * splits) >= 2) splits *= 2;
@@ -472,7 +524,9 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
     switch (ternary_wgmma_tile(M, N, K, sms, tile)) {
       case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
       case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
     }
   });
 }
