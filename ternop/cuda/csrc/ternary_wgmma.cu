@@ -15,7 +15,7 @@
 // CTA. Two warpgroups, 128 weight rows (64 each) x BT tokens; both read the same x tile. Per
 // 128-wide scale block, the CTA stages x [BT x 128] and the codes [128 rows x 32 bytes] in shared
 // memory with cp.async, kStages - 2 blocks ahead: a slot is refilled two blocks after its last
-// wgmma was issued, by which time every warpgroup has waited for it (wait_group 1 after each
+// wgmma was issued, by which time every warpgroup has waited for it (wait_group after each
 // wgmma, then the barrier at the top of the block), so no drain is needed between blocks.
 //
 // x in shared memory, as the descriptor reads it. Each half (k 0..63, 64..127) of a block is BT
@@ -26,9 +26,9 @@
 // address it forms. cp.async writes through the generic proxy and wgmma reads through the async
 // one, so each thread fences the two before the barrier that publishes a block.
 //
-// Pipelining inside a block. The A fragments are double-buffered: the warpgroup decodes step
-// s + 1 into one register set while the wgmma of step s reads the other; wait_group 1 after
-// each commit frees the set that step s + 1 overwrites.
+// Pipelining inside a block. The A fragments cycle through kDepth register sets: the warpgroup
+// decodes step s + 1 while the wgmmas of up to kDepth - 1 earlier steps run; wait_group
+// kDepth - 1 after each commit frees the set that the next step overwrites.
 //
 // Split-K. When the output tiles cannot fill the GPU (narrow layers, small M), CTAs take ranges
 // of scale blocks (blockIdx.z), write fp32 partials [S, M, N], and split_k_reduce_kernel adds
@@ -264,9 +264,9 @@ struct Wgmma {
 };
 #endif
 
-template <int BT_, int MT_, int kStages_>
+template <int BT_, int MT_, int kStages_, int kDepth_>
 struct WgTile {
-  static constexpr int BT = BT_, MT = MT_, kStages = kStages_;
+  static constexpr int BT = BT_, MT = MT_, kStages = kStages_, kDepth = kDepth_;
   static constexpr int kRows = 64 * MT * kGroups;  // weight rows of the CTA: MT m64 tiles a warpgroup
   static constexpr int kXHalfBytes = BT * 128;
   static constexpr int kXBytes = 2 * kXHalfBytes;
@@ -274,6 +274,7 @@ struct WgTile {
   static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
   static_assert(kStages >= 3, "a slot is refilled two blocks after its use");
+  static_assert(8 % kDepth == 0 && kDepth >= 2, "A register sets cycle within a block's eight k16 steps");
   static_assert(BT * 16 % kThreads == 0 && kRows * 2 % kThreads == 0, "whole 16-byte chunks per thread");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
   }
 
-  uint32_t a[2][MT][4];
+  uint32_t a[Cfg::kDepth][MT][4];
   for (int i = 0; i < count; ++i) {
     cp_async_wait<kStages - 3>();
     fence_proxy_async();
@@ -386,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = 4 * half + t;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint32_t(&as)[4] = a[s & 1][mt];
+          uint32_t(&as)[4] = a[s % Cfg::kDepth][mt];
           const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&w[mt][0]);
           const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&w[mt][1]);
           const uint32_t u0 = w0[t] >> (2 * q), u1 = w1[t] >> (2 * q);
@@ -398,9 +399,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
         const uint64_t desc = b_desc(stage + half * Cfg::kXHalfBytes + t * 32);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) Wgmma<T, BT>::run(i > 0 || s > 0, acc[mt], a[s & 1][mt], desc);
+        for (int mt = 0; mt < MT; ++mt) Wgmma<T, BT>::run(i > 0 || s > 0, acc[mt], a[s % Cfg::kDepth][mt], desc);
         wgmma_commit();
-        wgmma_wait<1>();
+        wgmma_wait<Cfg::kDepth - 1>();
       }
     }
   }
@@ -435,13 +436,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 }
 
-// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages>; a CTA owns 128 MT weight rows.
-using WgTile0 = WgTile<64, 1, 6>;
-using WgTile1 = WgTile<128, 1, 5>;
-using WgTile2 = WgTile<256, 1, 3>;
-using WgTile3 = WgTile<64, 2, 6>;
-using WgTile4 = WgTile<128, 2, 4>;
-constexpr int kWgTiles = 5;
+// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight>; a CTA owns
+// 128 MT weight rows.
+using WgTile0 = WgTile<64, 1, 6, 4>;
+using WgTile1 = WgTile<128, 1, 5, 4>;
+using WgTile2 = WgTile<256, 1, 3, 4>;
+using WgTile3 = WgTile<64, 2, 6, 4>;
+using WgTile4 = WgTile<128, 2, 4, 4>;
+using WgTile5 = WgTile<128, 1, 5, 8>;
+using WgTile6 = WgTile<64, 2, 6, 8>;
+constexpr int kWgTiles = 7;
 
 struct WgShape {
   int rows, tokens;
@@ -451,7 +455,8 @@ constexpr WgShape wg_shape() {
   return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>()};
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
+                                         wg_shape<WgTile6>()};
 
 template <typename T, typename Cfg>
 cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
@@ -526,7 +531,9 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
       case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
       case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
       case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 5: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_wgmma<T, WgTile6>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
     }
   });
 }
