@@ -32,7 +32,7 @@ from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 # kernel -> (op name, number of tiles)
-KERNELS = {"mma_tiles": ("linear_cuda_mma_tiles", 2), "wgmma": ("linear_cuda_wgmma", 7)}
+KERNELS = {"mma_tiles": ("linear_cuda_mma_tiles", 2), "wgmma": ("linear_cuda_wgmma", 5)}
 
 
 def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:

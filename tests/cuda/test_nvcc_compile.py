@@ -53,7 +53,7 @@ def test_mma_kernel_fits_its_register_budget(tmp_path, name, instances):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 def test_wgmma_kernel_compiles_for_sm90a_unserialized_without_spills(tmp_path):
-    """ternary_wgmma.cu for sm_90a (where its wgmma body exists): every instance (fp16/bf16 x seven
+    """ternary_wgmma.cu for sm_90a (where its wgmma body exists): every instance (fp16/bf16 x five
     tiles, and the split-K reduction) fits its registers without spilling, and ptxas keeps the
     wgmmas asynchronous: its C7515 warning means it serialized them, which costs most of the speed."""
     source = CSRC / "ternary_wgmma.cu"
@@ -63,5 +63,5 @@ def test_wgmma_kernel_compiles_for_sm90a_unserialized_without_spills(tmp_path):
     assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
     assert "C7515" not in proc.stderr and "serialized" not in proc.stderr, proc.stderr
     spills = [line.strip() for line in proc.stderr.splitlines() if "spill" in line]
-    assert len(spills) == 16, proc.stderr
+    assert len(spills) == 12, proc.stderr
     assert all(line.startswith("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") for line in spills), spills
