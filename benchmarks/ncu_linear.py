@@ -1,7 +1,7 @@
 """Drive one ternop.linear backend on one shape, for Nsight Compute (ncu) to profile.
 
     ncu --section SpeedOfLight --section Occupancy --section WarpStateStats -k regex:ternary \
-        python benchmarks/ncu_linear.py --backend cuda_mma --m 1 --k 4096 --n 14336
+        python benchmarks/ncu_linear.py --backend cuda_mma --m 1 --k 4096 --n 14336 [--layout a16]
 
 ncu flushes the caches before each profiled launch, so weights come from HBM as in serving.
 """
@@ -22,18 +22,21 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--n", type=int, default=14336)
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--layout", default="v1", help="weight layout to repack into (a16 for cuda_mma_tiles, cuda_wgmma)")
     args = parser.parse_args(argv)
     os.environ["TERNOP_BACKEND"] = args.backend
     import ternop
+    from ternop import layouts
 
     g = torch.Generator(device="cuda").manual_seed(0)
     codes = torch.randint(0, 3, (args.n, args.k // 4, 4), device="cuda", dtype=torch.uint8, generator=g)
     packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
+    packed = layouts.repack(packed, args.layout)
     scale = torch.full((args.n, args.k // 128), 0.01, device="cuda", dtype=torch.float16)
     for m in args.m:
         x = torch.randn(m, args.k, device="cuda", dtype=torch.bfloat16, generator=g)
         for _ in range(args.calls):
-            ternop.linear(x, packed, scale)
+            ternop.linear(x, packed, scale, layout=args.layout)
     torch.cuda.synchronize()
     return 0
 
