@@ -339,6 +339,55 @@ __device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const C
   }
 }
 
+// The epilogue: the CTA's accumulators (plus the bias, for a final output) go through shared
+// memory as a [BT tokens x kRows rows] tile of E (x's dtype, or fp32 for a split-K partial), so
+// that they leave in 16-byte stores along each token's row of dst [M, N] instead of scattered
+// 2-byte ones. Rows are padded by 16 bytes: the fragment writes fall in distinct banks.
+template <typename E, typename Cfg, typename T, int R>
+__device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg::MT][R], const int (&row)[Cfg::MT],
+                                           int q, const T* __restrict__ bias, E* __restrict__ dst, int m0, int M,
+                                           int n0, int N) {
+  constexpr int kPitch = Cfg::kRows * static_cast<int>(sizeof(E)) + 16;
+  static_assert(Cfg::BT * kPitch <= Cfg::kStages * Cfg::kStageBytes, "the output tile fits in the stages");
+#pragma unroll
+  for (int mt = 0; mt < Cfg::MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = row[mt] + 8 * h;
+      float bv = 0.f;
+      if constexpr (!std::is_same_v<E, float>) {
+        if (bias != nullptr) bv = Fp<T>::to_float(bias[min(n0 + c, N - 1)]);
+      }
+#pragma unroll
+      for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = acc[mt][4 * j + 2 * h + e] + bv;
+          E* slot = reinterpret_cast<E*>(tile + (8 * j + 2 * q + e) * kPitch) + c;
+          if constexpr (std::is_same_v<E, float>) {
+            *slot = v;
+          } else {
+            *slot = Fp<T>::from_float(v);
+          }
+        }
+    }
+  __syncthreads();
+  constexpr int V = 16 / static_cast<int>(sizeof(E)), kChunks = Cfg::kRows / V;
+  const bool vector = N % V == 0;
+  for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += kThreads) {
+    const int t = i / kChunks, c = i % kChunks;
+    const int m = m0 + t, n = n0 + c * V;
+    if (m >= M || n >= N) continue;
+    const uint8_t* src = tile + t * kPitch + c * 16;
+    E* d = dst + static_cast<int64_t>(m) * N + n;
+    if (vector) {
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
+    }
+  }
+}
+
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const uint8_t* __restrict__ wp,
@@ -461,25 +510,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < R; ++i) acc[mt][i] = 0.f;
   }
-
-  // acc[mt][4j + r] is row n0 + row[mt] + 8 (r / 2), token m0 + 8j + 2q + r % 2.
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < BT / 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int n = n0 + row[mt] + 8 * (r / 2);
-        const int m = m0 + 8 * j + 2 * q + (r & 1);
-        if (n < N && m < M) {
-          if (partial != nullptr) {
-            partial[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = acc[mt][4 * j + r];
-          } else {
-            const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-            out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(acc[mt][4 * j + r] + bv);
-          }
-        }
-      }
+  __syncthreads();  // every warp is done with the stages: they now hold the output tile
+  uint8_t* tile = smem_raw + (base - raw);
+  if (partial != nullptr) {
+    store_tile<float, Cfg, T>(tile, acc, row, q, nullptr, partial + static_cast<int64_t>(blockIdx.z) * M * N, m0, M,
+                              n0, N);
+  } else {
+    store_tile<T, Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
+  }
 }
 
 // The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight>; a CTA owns
