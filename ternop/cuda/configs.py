@@ -94,6 +94,12 @@ _BIG = 1 << 62
 #   (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
 #   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
 #   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
+# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 65 where the layer is large enough
+#   (wgmma_declines below): benchmarks/sweep_tiles.py --kernel wgmma at b6c4a88
+#   (results/h200/sweep_wgmma.json), best tile against cuBLAS bf16 on the eight shapes:
+#   M = 65..128: 0.77-1.26x where K >= 2048 (triton_a16: 0.55-0.89x), but 0.47-0.65x at K = 1024;
+#   M = 256..2048: 0.81-1.0x where N * K >= 2^25 (cuda_dequant: 0.57-0.91x), 0.44-0.9x on
+#   smaller layers, which keep the older kernels. Above M = 2048 cuda_dequant (0.9-1.0x) stays.
 # - triton_a16 from M = 65 to 128 (and 17..64 for v1 weights), with split-K: single programs
 #   walking all of K were latency-bound (v2 against v1 of the sweep).
 # - dequant_cublas from M = 256 (MIN_M): 0.64x, 0.71x, 0.81x, 0.88x at M = 256..2048,
@@ -169,6 +175,27 @@ MIN_M: dict[str, dict[str, int]] = {
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }
+
+# Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_SMALL_M every
+# layer with K >= WGMMA_SMALL_M_MIN_K, and up to WGMMA_MAX_M the layers with
+# N * K >= WGMMA_LARGE_MIN_NK.
+WGMMA_SMALL_M = 128
+WGMMA_SMALL_M_MIN_K = 2048
+WGMMA_MAX_M = 2048
+WGMMA_LARGE_MIN_NK = 1 << 25
+
+
+def wgmma_declines(m: int, n: int, k: int) -> str:
+    """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
+    if m <= WGMMA_SMALL_M:
+        if k >= WGMMA_SMALL_M_MIN_K:
+            return ""
+        return f"K={k} is below {WGMMA_SMALL_M_MIN_K}, where cuda_wgmma is slower than triton_a16 at M <= {WGMMA_SMALL_M}"
+    if m <= WGMMA_MAX_M and n * k >= WGMMA_LARGE_MIN_NK:
+        return ""
+    return (f"M={m}, N * K = {n * k}: cuda_wgmma runs M <= {WGMMA_SMALL_M} (K >= {WGMMA_SMALL_M_MIN_K}) and "
+            f"M <= {WGMMA_MAX_M} (N * K >= {WGMMA_LARGE_MIN_NK}); the dequantizing path is faster here")
+
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
 _SM_COUNT_CACHE: dict[int, int] = {}

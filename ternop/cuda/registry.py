@@ -328,6 +328,9 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("cuda_wgmma", call, "wgmma"))  # fmt: skip
     if why:
         return False, why
+    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k)
+    if why:
+        return False, why
     capability = configs.device_capability(call.x.device)
     if capability != WGMMA_CAPABILITY:
         return False, f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"

@@ -116,3 +116,44 @@ def test_registry_cuda_mma_tiles_takes_m_17_to_64(monkeypatch):
     for m in (17, 40, 64):
         ok, why = can(call(m))
         assert not ok and "extension not built" in why, why  # every dispatch check passed
+
+
+def test_registry_cuda_wgmma_takes_large_layers_from_m_65(monkeypatch):
+    """Its floor (cuda_mma_tiles below), the shape rule of configs.wgmma_declines, and the GPU it
+    needs (sm_90a cubins load on compute capability 9.0 only); past those only the extension is
+    missing here."""
+    from types import SimpleNamespace
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+
+    def call(m, k=4096, n=14336, layout="a16", dtype=torch.bfloat16):
+        x = SimpleNamespace(shape=(m, k), device=DEV, dtype=dtype, data_ptr=lambda: 0, stride=lambda d: k)
+        w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, None, None, 16, layout)
+
+    can = registry._can_cuda_wgmma
+    assert "M=64 is below M=65" in can(call(64))[1]
+    assert "K=1024 is below 2048" in can(call(128, k=1024, n=4096))[1]
+    assert "N * K = 16777216" in can(call(256, k=4096, n=4096))[1]  # 4096 x 4096 keeps cuda_dequant
+    assert "M=4096" in can(call(4096))[1]
+    assert "layout 'v1'" in can(call(128, layout="v1"))[1]
+    assert "float32" in can(call(128, dtype=torch.float32))[1]
+    for m, k, n in ((65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336), (2048, 14336, 4096)):
+        ok, why = can(call(m, k, n))
+        assert not ok and "extension not built" in why, (m, k, n, why)
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
+    assert "no cuda_wgmma configs for default" in can(call(128))[1]  # only the sm90 table has it
+    monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma")  # forcing drops the floor and the shape rule, not the GPU
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (9, 0))
+    ok, why = can(call(4096, k=1024, n=1024))
+    assert not ok and "extension not built" in why, why
+
+
+def test_wgmma_declines_follows_its_constants():
+    assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K) == ""
+    assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K - 128) != ""
+    big_n = configs.WGMMA_LARGE_MIN_NK // 4096
+    assert configs.wgmma_declines(configs.WGMMA_MAX_M, big_n, 4096) == ""
+    assert configs.wgmma_declines(configs.WGMMA_MAX_M + 1, big_n, 4096) != ""
+    assert configs.wgmma_declines(configs.WGMMA_SMALL_M + 1, big_n - 8, 4096) != ""

@@ -269,6 +269,21 @@ def test_linear_cuda_wgmma_equals_f_linear_on_dequantized_weights_in_fp32_sums()
         assert torch.equal(y, want), (m, k, n, tile, (y.float() - want.float()).abs().max())
 
 
+def test_linear_cuda_wgmma_takes_large_layers_on_hopper():
+    """The dispatcher's choice around cuda_wgmma's bucket, on a layer its shape rule takes."""
+    from ternop.cuda import cuda_ext
+
+    v1, scale = _weights(14336, 4096)
+    packed = layouts.repack(v1, "a16")
+    x = torch.randn(65, 4096, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
+    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
+        pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
+    chosen = {m: backends.select(_call(x.new_zeros(m, 4096), packed, scale, layout="a16")).name
+              for m in (64, 65, 2048, 2049)}  # fmt: skip
+    assert chosen == {64: "cuda_mma_tiles", 65: "cuda_wgmma", 2048: "cuda_wgmma", 2049: "cuda_dequant"}, chosen
+
+
 def test_linear_cuda_mma_tiles_meets_cuda_mma_at_m16():
     """Where the two kernels meet (cuda_mma scales each block's fp32 partial, cuda_mma_tiles the
     decoded weights in x's dtype, as ternop.dequantize does), both meet the 2x rule."""
@@ -290,9 +305,11 @@ def test_linear_cuda_mma_tiles_takes_m_17_to_64():
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
         chosen[m] = backends.select(_call(x, packed, scale, layout="a16")).name
-    from ternop.cuda import cuda_ext
+    from ternop.cuda import configs, cuda_ext
 
-    above = "cuda_wgmma" if torch.cuda.get_device_capability() == (9, 0) and cuda_ext.wgmma_built() else "triton_a16"
+    # 1152 x 1024 is below cuda_wgmma's shape rule on Hopper too: K = 1024 < 2048.
+    hopper = torch.cuda.get_device_capability() == (9, 0) and cuda_ext.wgmma_built()
+    above = "cuda_wgmma" if hopper and not configs.wgmma_declines(65, 1152, 1024) else "triton_a16"
     assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: above}, chosen
 
 
