@@ -590,18 +590,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * ceil_div(M, kWgShapes[t].tokens); }
 
-// The tile for a call when none is forced: the largest tile (rows x tokens) whose CTAs still fill
-// the GPU (one CTA an SM), else the one with the most CTAs.
+// The tile for a call when none is forced, from the H200 sweep (benchmarks/sweep_tiles.py
+// --kernel wgmma; results/h200/sweep_wgmma.json): above M = 256 the 256-token tile where its CTAs
+// fill the GPU, else the 128-token one; up to M = 256 the 128-token tile, unless it would leave
+// fewer than 16 CTAs (N = 1024 layers), where the 64-token tile doubles them. The 256-row tiles
+// (3, 4) won no shape, and run only when asked for.
 int auto_wgmma_tile(int M, int N, int sms) {
-  int best = 0;
-  for (int t = 1; t < kWgTiles; ++t) {
-    const int64_t area = int64_t{kWgShapes[t].rows} * kWgShapes[t].tokens;
-    const int64_t best_area = int64_t{kWgShapes[best].rows} * kWgShapes[best].tokens;
-    const bool fills = ctas_of(t, M, N) >= sms, best_fills = ctas_of(best, M, N) >= sms;
-    if ((fills && (!best_fills || area > best_area)) || (!fills && !best_fills && ctas_of(t, M, N) > ctas_of(best, M, N)))
-      best = t;
-  }
-  return best;
+  if (M > 256) return ctas_of(2, M, N) >= sms ? 2 : 1;
+  return ctas_of(1, M, N) < 16 ? 0 : 1;
 }
 
 }  // namespace
