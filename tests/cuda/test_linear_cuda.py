@@ -213,43 +213,34 @@ TILES_SHAPES = [
 ]
 
 
+# The split-K a16 kernels: backend -> (its op, how many tiles it has, extra shapes).
+SPLIT_K_KERNELS = {
+    "cuda_mma_tiles": ("linear_cuda_mma_tiles", 2, []),
+    # Hopper: 128 or 256 rows x 64, 128 or 256 tokens; ragged M and N past the TMA box.
+    "cuda_wgmma": ("linear_cuda_wgmma", 5, [(65, 384, 136), (300, 14336, 1024), (700, 1024, 4096)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_K_KERNELS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_linear_cuda_mma_tiles_shapes_with_bias_and_row_stride(monkeypatch, dtype):
-    for m, k, n in TILES_SHAPES:
+def test_linear_cuda_split_k_kernels_shapes_with_bias_and_row_stride(monkeypatch, name, dtype):
+    """Every tile of the kernel, whatever its auto choice picks; split-K, strided rows, a bias;
+    deterministic, and the same for a strided and a contiguous x."""
+    op_name, tiles, extra = SPLIT_K_KERNELS[name]
+    op = getattr(torch.ops.ternop, op_name)
+    for m, k, n in [*TILES_SHAPES, *extra]:
         v1, scale = _weights(n, k)
         packed = layouts.repack(v1, "a16")
         x = torch.randn(m, k + 64, device="cuda").to(dtype)[:, 32 : 32 + k]  # rows k + 64 apart
         bias = torch.randn(n, device="cuda").to(dtype)
-        _skip_unavailable("cuda_mma_tiles", x, packed, scale, layout="a16")
-        _force(monkeypatch, "cuda_mma_tiles")
+        _skip_unavailable(name, x, packed, scale, layout="a16")
+        _force(monkeypatch, name)
         y = ternop.linear(x, packed, scale, bias, layout="a16")
         _check(y, x, v1, scale, bias)
-        again = torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias)
-        assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
-        assert torch.equal(y, torch.ops.ternop.linear_cuda_mma_tiles(x.contiguous(), packed, scale, bias))
-        for tile in range(2):  # every tile the kernel has, whatever auto_tile picks
-            _check(torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, bias, tile), x, v1, scale, bias)
-        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_linear_cuda_wgmma_shapes_with_bias_and_row_stride(monkeypatch, dtype):
-    """Every tile of the Hopper kernel (128 or 256 rows x 64, 128 or 256 tokens), split-K, ragged M and
-    N, strided rows."""
-    for m, k, n in [*TILES_SHAPES, (65, 384, 136), (300, 14336, 1024), (700, 1024, 4096)]:
-        v1, scale = _weights(n, k)
-        packed = layouts.repack(v1, "a16")
-        x = torch.randn(m, k + 64, device="cuda").to(dtype)[:, 32 : 32 + k]  # rows k + 64 apart
-        bias = torch.randn(n, device="cuda").to(dtype)
-        _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
-        _force(monkeypatch, "cuda_wgmma")
-        y = ternop.linear(x, packed, scale, bias, layout="a16")
-        _check(y, x, v1, scale, bias)
-        again = torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, bias)
-        assert torch.equal(y, again), (m, k, n)  # deterministic, split-K included
-        assert torch.equal(y, torch.ops.ternop.linear_cuda_wgmma(x.contiguous(), packed, scale, bias))
-        for tile in range(5):
-            _check(torch.ops.ternop.linear_cuda_wgmma(x, packed, scale, bias, tile), x, v1, scale, bias)
+        assert torch.equal(y, op(x, packed, scale, bias)), (m, k, n)  # deterministic, split-K included
+        assert torch.equal(y, op(x.contiguous(), packed, scale, bias))
+        for tile in range(tiles):
+            _check(op(x, packed, scale, bias, tile), x, v1, scale, bias)
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
 
 

@@ -97,6 +97,18 @@ __global__ void split_k_reduce_kernel(const float* __restrict__ partial, const T
   }
 }
 
+// Launches split_k_reduce_kernel over the [splits, M, N] workspace into out [M, N].
+template <typename T>
+cudaError_t launch_split_k_reduce(const float* workspace, const T* bias, T* out, int M, int N, int splits,
+                                  cudaStream_t stream) {
+  const int64_t mn = static_cast<int64_t>(M) * N;
+  const int threads = 256;
+  const int64_t want = (mn + threads - 1) / threads;
+  const int grid = static_cast<int>(want < 4096 ? want : 4096);
+  split_k_reduce_kernel<T><<<grid, threads, 0, stream>>>(workspace, bias, out, mn, N, splits);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 }  // namespace ternop

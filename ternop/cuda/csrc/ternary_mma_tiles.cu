@@ -296,12 +296,7 @@ cudaError_t launch_tiles(const T* x, int64_t ldx, const uint8_t* wp, const __hal
                                                           splits > 1 ? workspace : nullptr, M, N, K, per_split);
   err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
-  const int64_t mn = static_cast<int64_t>(M) * N;
-  const int threads = 256;
-  const int64_t want = (mn + threads - 1) / threads;
-  const int grid_r = static_cast<int>(want < 4096 ? want : 4096);
-  split_k_reduce_kernel<T><<<grid_r, threads, 0, stream>>>(workspace, bias, out, mn, N, splits);
-  return cudaGetLastError();
+  return launch_split_k_reduce(workspace, bias, out, M, N, splits, stream);
 }
 
 // The tile for a call when none is forced. From the sweep: the 64-row, 32-token tile is the

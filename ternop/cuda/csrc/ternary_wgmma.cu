@@ -578,12 +578,7 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
                                                       K, per_split);
   err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
-  const int64_t mn = static_cast<int64_t>(M) * N;
-  const int threads = 256;
-  const int64_t want = (mn + threads - 1) / threads;
-  const int grid_r = static_cast<int>(want < 4096 ? want : 4096);
-  split_k_reduce_kernel<T><<<grid_r, threads, 0, stream>>>(workspace, bias, out, mn, N, splits);
-  return cudaGetLastError();
+  return launch_split_k_reduce(workspace, bias, out, M, N, splits, stream);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
