@@ -227,13 +227,13 @@ def test_linear_cuda_split_k_kernels_shapes_with_bias_and_row_stride(monkeypatch
     """Every tile of the kernel, whatever its auto choice picks; split-K, strided rows, a bias;
     deterministic, and the same for a strided and a contiguous x."""
     op_name, tiles, extra = SPLIT_K_KERNELS[name]
-    op = getattr(torch.ops.ternop, op_name)
     for m, k, n in [*TILES_SHAPES, *extra]:
         v1, scale = _weights(n, k)
         packed = layouts.repack(v1, "a16")
         x = torch.randn(m, k + 64, device="cuda").to(dtype)[:, 32 : 32 + k]  # rows k + 64 apart
         bias = torch.randn(n, device="cuda").to(dtype)
-        _skip_unavailable(name, x, packed, scale, layout="a16")
+        _skip_unavailable(name, x, packed, scale, layout="a16")  # also defines the C++ ops' schemas
+        op = getattr(torch.ops.ternop, op_name)
         _force(monkeypatch, name)
         y = ternop.linear(x, packed, scale, bias, layout="a16")
         _check(y, x, v1, scale, bias)
@@ -330,6 +330,7 @@ def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
     m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16}.get(name, 80)
     x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
     if name in ("cuda_mma", "cuda_mma_tiles", "cuda_wgmma", "triton_a16") and dtype == torch.float32:
+        ternop.linear(x3[0, :1], stored, scale, layout=layout)  # registers the CUDA backends
         ok, why = backends.get(name).can_implement(_call(x3, stored, scale, bias, layout=layout))
         assert not ok and "float32" in why
         name = None  # the dispatcher must still serve fp32 with another backend
