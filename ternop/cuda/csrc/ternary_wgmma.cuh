@@ -1,7 +1,8 @@
-// Hopper primitives the wgmma kernels share (ternary_wgmma.cu, 16-bit x; ternary_wgmma_a8.cu,
-// int8 x): the shared-memory matrix descriptor of a 128-byte-swizzled K-major operand, the
-// wgmma fences, mbarriers, TMA box loads and the host-side tensor map of x. Device code is
-// compiled only for sm_90a (TERNOP_HAS_WGMMA); elsewhere these are empty and the kernels trap.
+// Hopper primitives of the wgmma kernel (ternary_wgmma.cu), kept apart from its tiling so that
+// another wgmma kernel (an int8 one) can share them: the shared-memory matrix descriptor of a
+// 128-byte-swizzled K-major operand, the wgmma fences, mbarriers, TMA box loads and the
+// host-side tensor map of x. Device code is compiled only for sm_90a (TERNOP_HAS_WGMMA);
+// elsewhere these are empty and the kernels trap.
 
 #pragma once
 
@@ -95,12 +96,6 @@ template <int R>
 __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-template <int R>
-__device__ __forceinline__ void fence_acc(int32_t (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // The tensor map of x [M rows of row_bytes bytes, rows ld_bytes apart] read as bytes, whose box is
