@@ -335,23 +335,17 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
     why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k)
     if why:
         return False, why
+    capability = configs.device_capability(call.x.device)
+    if capability != WGMMA_CAPABILITY:
+        return False, f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
     ok, why = _cuda_ext_ready(call, ("a16",))
     if not ok:
         return ok, why
-    why = _hopper_wgmma(call)
-    return not why, why
-
-
-def _hopper_wgmma(call: backends.LinearCall) -> str:
-    """Why a wgmma backend cannot run here (GPU, build), else ""."""
-    capability = configs.device_capability(call.x.device)
-    if capability != WGMMA_CAPABILITY:
-        return f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
     from ternop.cuda import cuda_ext
 
     if not cuda_ext.wgmma_built():
-        return "the extension was built without sm_90a (TORCH_CUDA_ARCH_LIST lacks 9.0a)"
-    return ""
+        return False, "the extension was built without sm_90a (TORCH_CUDA_ARCH_LIST lacks 9.0a)"
+    return True, ""
 
 
 def _run_cuda_wgmma(call: backends.LinearCall) -> torch.Tensor:

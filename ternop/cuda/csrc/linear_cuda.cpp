@@ -159,18 +159,16 @@ at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed,
                   });
 }
 
-// The checks of the W2A8 ops that take q already quantized: q int8 [M, K] (1 <= M <= max_m),
-// qs fp32 [M], the weights, the bias in `dtype`; then launch(code, bias, out, M, N, K) on the
-// current stream.
-template <typename Launch>
-at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
-                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, at::ScalarType dtype,
-                    int64_t max_m, Launch&& launch) {
+at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
+                              const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                              at::ScalarType dtype) {
+  const char* op = "ternop.linear_cuda_mma_a8";
   TORCH_CHECK(q.is_cuda() && qs.is_cuda(), op, ": q and qs must be CUDA tensors");
   TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() && aligned16(q), op,
               ": q must be a contiguous, 16-byte aligned int8 [M, K] tensor, got ", q.scalar_type(), " ", q.sizes());
   const int64_t M = q.size(0), K = q.size(1);
-  TORCH_CHECK(M >= 1 && M <= max_m, op, ": q has M=", M, " rows; this kernel takes 1..", max_m);
+  TORCH_CHECK(M >= 1 && M <= ternop::ternary_mma_a8_max_m(), op, ": q has M=", M, " rows; this kernel takes 1..",
+              ternop::ternary_mma_a8_max_m());
   TORCH_CHECK(qs.scalar_type() == at::kFloat && qs.dim() == 1 && qs.size(0) == M && qs.is_contiguous(), op,
               ": qs must be a contiguous float32 [M] = [", M, "] tensor, got ", qs.scalar_type(), " ", qs.sizes());
   const int code = dtype_code(dtype);
@@ -180,22 +178,12 @@ at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, c
   const void* b = bias_pointer(op, bias, dtype, N, keep);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({M, N}, q.options().dtype(dtype));
-  const cudaError_t err = launch(code, b, out.data_ptr(), static_cast<int>(M), static_cast<int>(N),
-                                 static_cast<int>(K));
+  const cudaError_t err = ternop::launch_ternary_mma_a8(
+      q.data_ptr<int8_t>(), qs.data_ptr<float>(), code, weight_packed.data_ptr<uint8_t>(),
+      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
+      static_cast<int>(N), static_cast<int>(K), stream_of(q));
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
-}
-
-at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
-                              const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                              at::ScalarType dtype) {
-  return run_on_q("ternop.linear_cuda_mma_a8", q, qs, weight_packed, weight_scale, bias, dtype,
-                  ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
-                    return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
-                                                         weight_packed.data_ptr<uint8_t>(),
-                                                         reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
-                                                         out, M, N, K, stream_of(q));
-                  });
 }
 
 at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weight_packed,
