@@ -22,7 +22,8 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--n", type=int, default=14336)
     parser.add_argument("--calls", type=int, default=2)
-    parser.add_argument("--layout", default="v1", help="weight layout to repack into (a16 for cuda_mma_tiles, cuda_wgmma)")
+    parser.add_argument("--layout", default="v1",
+                        help="weight layout to repack into (a16 for cuda_mma_tiles and cuda_wgmma)")
     args = parser.parse_args(argv)
     os.environ["TERNOP_BACKEND"] = args.backend
     import ternop

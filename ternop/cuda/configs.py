@@ -190,7 +190,8 @@ def wgmma_declines(m: int, n: int, k: int) -> str:
     if m <= WGMMA_SMALL_M:
         if k >= WGMMA_SMALL_M_MIN_K:
             return ""
-        return f"K={k} is below {WGMMA_SMALL_M_MIN_K}, where cuda_wgmma is slower than triton_a16 at M <= {WGMMA_SMALL_M}"
+        return (f"K={k} is below {WGMMA_SMALL_M_MIN_K}, where cuda_wgmma is slower than triton_a16 "
+                f"at M <= {WGMMA_SMALL_M}")
     if m <= WGMMA_MAX_M and n * k >= WGMMA_LARGE_MIN_NK:
         return ""
     return (f"M={m}, N * K = {n * k}: cuda_wgmma runs M <= {WGMMA_SMALL_M} (K >= {WGMMA_SMALL_M_MIN_K}) and "

@@ -21,3 +21,10 @@ def test_cache_dir_changes_with_any_source_file(tmp_path, monkeypatch):
     assert cuda_ext.sources_digest(csrc) != cuda_ext.sources_digest()
     monkeypatch.setattr(cuda_ext, "CSRC", csrc)  # the folder the build compiles
     assert cuda_ext.cache_dir((9, 0)) != before
+
+
+def test_hopper_builds_for_sm90a_and_other_gpus_for_their_own_arch():
+    """wgmma needs the architecture-specific sm_90a target; nothing else changes its build."""
+    assert cuda_ext.arch_list_for((9, 0)) == "9.0a"
+    assert cuda_ext.arch_list_for((8, 0)) == "8.0"
+    assert cuda_ext.arch_list_for((10, 0)) == "10.0"
