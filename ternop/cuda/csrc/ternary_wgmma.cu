@@ -37,8 +37,11 @@
 // of scale blocks (blockIdx.z), write fp32 partials [S, M, N], and split_k_reduce_kernel adds
 // them in a fixed order.
 //
-// Tokens past M and rows past N read the last token / row (loads stay unconditional); their
-// outputs are never written.
+// Epilogue. The accumulators (plus the bias) go through the freed stages as a [tokens x rows]
+// tile and leave in 16-byte stores along each token's row (store_tile).
+//
+// Tokens past M read as zero (TMA) and rows past N read the last row's codes; their outputs are
+// never written.
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
