@@ -57,6 +57,10 @@ ROWS = {
     "mixed: calibrated, --keep-dense auto within a quarter of fp16's size": (
         "quantize MODEL DST --method calibrated --calib CALIB --keep-dense auto --max-mrr-loss 0 --size-budget 0.25 --force"
     ),
+    "mixed: calibrated on 32,768 tokens, --keep-dense auto within a quarter of fp16's size": (
+        "quantize MODEL DST --method calibrated --calib CALIB --calib-tokens 32768 --keep-dense auto --max-mrr-loss 0 "
+        "--size-budget 0.25 --force"
+    ),
 }
 CALIB_RECIPE = ("ternop.quant.batches.Sampler(ternop.cli.traindata.training_texts(), 8, (0.2, 0.3, 0.5), "
                 "seed=0).calibration(4096): 4,096 training texts drawn by length like distillation's batches")
