@@ -117,6 +117,7 @@ SM90: Table = {
     "cuda_gemv": [(2, CudaGemvConfig())],
     "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "cuda_wgmma": [(_BIG, CudaMmaConfig())],
+    "cuda_wgmma_a8": [(_BIG, CudaMmaConfig())],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
         (32, FusedConfig(32, 128, num_warps=4, num_stages=4, swap=True, max_split_k=8)),
@@ -172,6 +173,7 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 MIN_M: dict[str, dict[str, int]] = {
     "cuda_mma_tiles": {"sm90": 17, "default": 17},  # cuda_mma is faster up to M = 16
     "cuda_wgmma": {"sm90": 65, "default": 65},  # cuda_mma_tiles up to M = 64
+    "cuda_wgmma_a8": {"sm90": 17, "default": 17},  # cuda_mma_a8 up to M = 16
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }

@@ -13,6 +13,8 @@
                                   Tensor? bias=None, int tile=-1) -> Tensor
     ternop::linear_cuda_wgmma(Tensor x, Tensor weight_packed, Tensor weight_scale,
                               Tensor? bias=None, int tile=-1) -> Tensor
+    ternop::linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
+                                 Tensor? bias, ScalarType dtype, int tile=-1) -> Tensor
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
@@ -20,7 +22,7 @@ which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and
 those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_tiles`` is -1 (the
 kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks); that of
 ``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or one of its tiles 0-4 (``WgTile0``-``WgTile4`` of
-``csrc/ternary_wgmma.cu``).
+``csrc/ternary_wgmma.cu``); that of ``linear_cuda_wgmma_a8`` is -1, 0 (64 tokens a CTA) or 1 (128).
 """
 
 from __future__ import annotations
@@ -54,9 +56,14 @@ _lib.define(
     "linear_cuda_wgmma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, int tile=-1) -> Tensor"
 )
 
+_lib.define(
+    "linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
+    "ScalarType dtype, int tile=-1) -> Tensor"
+)
+
 OPS = (
     "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
-    "linear_cuda_mma_tiles", "linear_cuda_wgmma",
+    "linear_cuda_mma_tiles", "linear_cuda_wgmma", "linear_cuda_wgmma_a8",
 )
 
 
@@ -102,6 +109,11 @@ def _linear_cuda_mma_tiles_fake(x, weight_packed, weight_scale, bias=None, tile=
 @torch.library.register_fake("ternop::linear_cuda_wgmma", lib=_lib)
 def _linear_cuda_wgmma_fake(x, weight_packed, weight_scale, bias=None, tile=-1):
     return _out(x, weight_packed, x.dtype)
+
+
+@torch.library.register_fake("ternop::linear_cuda_wgmma_a8", lib=_lib)
+def _linear_cuda_wgmma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, tile=-1):
+    return _out(q, weight_packed, dtype)
 
 
 def has_kernel(op: str) -> bool:

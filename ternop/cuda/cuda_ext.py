@@ -2,7 +2,7 @@
 
 The extension is optional: without CUDA, nvcc or a working compiler, ``load()`` returns
 the reason and the registry skips the C++ backends (``cuda_gemv``, ``cuda_mma``,
-``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_mma_tiles``, ``cuda_wgmma``, ``cuda_dequant``). The build
+``cuda_mma_a8``, ``cuda_mma_a8_fused``, ``cuda_mma_tiles``, ``cuda_wgmma``, ``cuda_wgmma_a8``, ``cuda_dequant``). The build
 runs once per process at most, on the first CUDA call that could use it; its output is cached under
 ``$TERNOP_CUDA_CACHE`` (default ``~/.cache/ternop/cuda``), one folder per torch/CUDA/arch and per
 content of ``csrc/`` (headers included). So another ternop version, or an edited kernel, never
@@ -13,7 +13,7 @@ caught the change (torch can turn nvcc's off with TORCH_EXTENSION_SKIP_NVCC_GEN_
 On a compute-capability 9.0 GPU (H100, H200) the build targets ``sm_90a``, the
 architecture-specific target that Hopper's ``wgmma`` needs (``ternary_wgmma.cu``); ``wgmma_built()``
 says whether the loaded build has it. A ``TORCH_CUDA_ARCH_LIST`` set by the user is kept as given,
-and without ``9.0a`` in it the ``cuda_wgmma`` backend stays off.
+and without ``9.0a`` in it the ``cuda_wgmma`` and ``cuda_wgmma_a8`` backends stay off.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ SOURCES = (
     CSRC / "ternary_dequant.cu",
     CSRC / "ternary_mma_tiles.cu",
     CSRC / "ternary_wgmma.cu",
+    CSRC / "ternary_wgmma_a8.cu",
 )
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"

@@ -9,6 +9,7 @@ Order (lower priority first):
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization), M from its floor up | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -20,10 +21,10 @@ Order (lower priority first):
 Which M each one takes comes from the static per-architecture table in
 ``ternop.cuda.configs``; the choice is made per call from the real M, so one compiled graph
 serves every batch size. Activations of 8 bits only ever run on ``cuda_mma_a8_fused``,
-``cuda_mma_a8`` or ``triton_a8``, which compute the same thing: no backend falls back to
-another numeric path.
+``cuda_mma_a8``, ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend
+falls back to another numeric path.
 
-Why it is long: one ``can_implement`` a backend, thirteen of them, each with the checks of its
+Why it is long: one ``can_implement`` a backend, fourteen of them, each with the checks of its
 own kernel (M range, layout, dtype, alignment, GPU, build); kept in one file so that the
 priority order above and the answers that follow it are read together.
 """
@@ -335,17 +336,47 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
     why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k)
     if why:
         return False, why
-    capability = configs.device_capability(call.x.device)
-    if capability != WGMMA_CAPABILITY:
-        return False, f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
     ok, why = _cuda_ext_ready(call, ("a16",))
     if not ok:
         return ok, why
+    why = _hopper_wgmma(call)
+    return not why, why
+
+
+def _hopper_wgmma(call: backends.LinearCall) -> str:
+    """Why a wgmma backend cannot run here (GPU, build), else ""."""
+    capability = configs.device_capability(call.x.device)
+    if capability != WGMMA_CAPABILITY:
+        return f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
     from ternop.cuda import cuda_ext
 
     if not cuda_ext.wgmma_built():
-        return False, "the extension was built without sm_90a (TORCH_CUDA_ARCH_LIST lacks 9.0a)"
-    return True, ""
+        return "the extension was built without sm_90a (TORCH_CUDA_ARCH_LIST lacks 9.0a)"
+    return ""
+
+
+def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
+    if call.activation_bits != 8:
+        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    why = (_below_floor("cuda_wgmma_a8", call, "where the mma.sync kernels are faster")
+           or _mma_bucket("cuda_wgmma_a8", call, "wgmma"))  # fmt: skip
+    if why:
+        return False, why
+    mod, why = _module("launch_fused")  # the per-token quantization runs in Triton
+    if mod is None:
+        return False, why
+    ok, why = _cuda_ext_ready(call, ("a8",))
+    if not ok:
+        return ok, why
+    why = _hopper_wgmma(call)
+    return not why, why
+
+
+def _run_cuda_wgmma_a8(call: backends.LinearCall) -> torch.Tensor:
+    mod, _ = _module("launch_fused")
+    q, qs = mod.quantize_rows(call.x)
+    bias = call.bias.contiguous() if call.bias is not None else None
+    return torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, call.weight_packed, call.weight_scale, bias, call.x.dtype)
 
 
 def _run_cuda_wgmma(call: backends.LinearCall) -> torch.Tensor:
@@ -389,6 +420,7 @@ BACKENDS = (
     backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
+    backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),
     backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16),

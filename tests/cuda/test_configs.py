@@ -52,7 +52,7 @@ def test_configs_tables_are_ascending_and_well_formed():
 def test_registry_order_and_names():
     registry.register_all()
     names = [b.name for b in backends.available("cuda")]
-    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_mma_tiles", "cuda_gemv",
+    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_mma_tiles", "cuda_wgmma_a8", "cuda_gemv",
                      "triton_a8",
                      "cuda_dequant",
                      "dequant_cublas", "triton_a16", "triton_gemm", "triton_gemv", "dequant_any"]

@@ -25,7 +25,8 @@ BACKENDS = ["cuda_mma", "cuda_mma_tiles", "cuda_wgmma", "cuda_gemv", "triton_a16
 SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 # Every backend that needs the C++ extension: where nvcc exists, a failed build is a failure.
-EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_wgmma", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused")
+EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_wgmma", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused",
+                "cuda_wgmma_a8")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
 LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_tiles": ("a16",), "cuda_wgmma": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
               "triton_gemv": ("v1",)}  # fmt: skip
@@ -481,7 +482,7 @@ A8_SHAPES = [(1, 128, 64), (3, 384, 136), (16, 4096, 1152), (17, 1024, 520), (64
              (129, 1024, 4096), (300, 14336, 256), (1000, 384, 1152)]
 
 
-A8_CPP = ("cuda_mma_a8", "cuda_mma_a8_fused")
+A8_CPP = ("cuda_mma_a8", "cuda_mma_a8_fused", "cuda_wgmma_a8")
 
 
 def _a8_takes(name, m, k):
@@ -535,6 +536,26 @@ def test_linear_cuda_a8_partials_are_exact(monkeypatch, name):
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
         want = ternop.linear(x.cpu(), packed.cpu(), scale.cpu(), activation_bits=8, layout="a8")
         assert torch.equal(y.cpu(), want), (m, k, n)
+
+
+def test_linear_cuda_wgmma_a8_tiles_equal_the_reference_bit_for_bit():
+    """Both tiles of the Hopper W2A8 kernel (64 and 128 tokens), ragged M and N, a bias: with one
+    power-of-two scale and fp32 x every fp32 step after the int32 partials is exact, so each tile
+    equals the CPU reference bit for bit."""
+    for m, k, n in [(17, 1024, 136), (200, 2048, 520), (1000, 384, 1152), (129, 4096, 256)]:
+        v1, _ = _weights(n, k)
+        scale = torch.full((n, k // 128), 2.0**-6, dtype=torch.float16, device="cuda")
+        packed = layouts.repack(v1, "a8")
+        x = torch.randn(m, k, device="cuda")
+        bias = torch.randn(n, device="cuda")
+        _skip_unavailable("cuda_wgmma_a8", x, packed, scale, bits=8, layout="a8")
+        from ternop.cuda.launch_fused import quantize_rows
+
+        q, qs = quantize_rows(x)
+        want = ternop.linear(x.cpu(), packed.cpu(), scale.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        for tile in (0, 1):
+            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, scale, bias, torch.float32, tile)
+            assert torch.equal(y.cpu(), want), (m, k, n, tile, (y.cpu() - want).abs().max())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

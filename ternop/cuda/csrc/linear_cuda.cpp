@@ -14,6 +14,8 @@
 //                                 int tile=-1) -> Tensor
 //   ternop::linear_cuda_wgmma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
 //                             int tile=-1) -> Tensor
+//   ternop::linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
+//                                Tensor? bias, ScalarType dtype, int tile=-1) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -26,7 +28,8 @@
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
 // layout; ternary_mma_tiles.cu) adds an fp32 workspace when it splits K; linear_cuda_wgmma takes the
-// same arguments and runs Hopper's wgmma (ternary_wgmma.cu, sm_90a builds only). They allocate only through
+// same arguments and runs Hopper's wgmma (ternary_wgmma.cu, sm_90a builds only), and
+// linear_cuda_wgmma_a8 is the W2A8 op's Hopper form (any M; ternary_wgmma_a8.cu). They allocate only through
 // the caching allocator and launch on the current stream, so they are safe inside CUDA graph
 // capture.
 
@@ -58,6 +61,9 @@ int ternary_wgmma_splits(int M, int N, int K, int sms, int tile);
 cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
                                  const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
                                  int tile, int sms, cudaStream_t stream);
+cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
+                                    const __half* ws, const void* bias, void* out, int M, int N, int K, int tile,
+                                    int sms, cudaStream_t stream);
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
 }  // namespace ternop
@@ -159,16 +165,18 @@ at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed,
                   });
 }
 
-at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
-                              const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                              at::ScalarType dtype) {
-  const char* op = "ternop.linear_cuda_mma_a8";
+// The checks of the W2A8 ops that take q already quantized: q int8 [M, K] (1 <= M <= max_m),
+// qs fp32 [M], the weights, the bias in `dtype`; then launch(code, bias, out, M, N, K) on the
+// current stream.
+template <typename Launch>
+at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
+                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, at::ScalarType dtype,
+                    int64_t max_m, Launch&& launch) {
   TORCH_CHECK(q.is_cuda() && qs.is_cuda(), op, ": q and qs must be CUDA tensors");
   TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() && aligned16(q), op,
               ": q must be a contiguous, 16-byte aligned int8 [M, K] tensor, got ", q.scalar_type(), " ", q.sizes());
   const int64_t M = q.size(0), K = q.size(1);
-  TORCH_CHECK(M >= 1 && M <= ternop::ternary_mma_a8_max_m(), op, ": q has M=", M, " rows; this kernel takes 1..",
-              ternop::ternary_mma_a8_max_m());
+  TORCH_CHECK(M >= 1 && M <= max_m, op, ": q has M=", M, " rows; this kernel takes 1..", max_m);
   TORCH_CHECK(qs.scalar_type() == at::kFloat && qs.dim() == 1 && qs.size(0) == M && qs.is_contiguous(), op,
               ": qs must be a contiguous float32 [M] = [", M, "] tensor, got ", qs.scalar_type(), " ", qs.sizes());
   const int code = dtype_code(dtype);
@@ -178,12 +186,39 @@ at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const a
   const void* b = bias_pointer(op, bias, dtype, N, keep);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({M, N}, q.options().dtype(dtype));
-  const cudaError_t err = ternop::launch_ternary_mma_a8(
-      q.data_ptr<int8_t>(), qs.data_ptr<float>(), code, weight_packed.data_ptr<uint8_t>(),
-      reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out.data_ptr(), static_cast<int>(M),
-      static_cast<int>(N), static_cast<int>(K), stream_of(q));
+  const cudaError_t err = launch(code, b, out.data_ptr(), static_cast<int>(M), static_cast<int>(N),
+                                 static_cast<int>(K));
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   return out;
+}
+
+at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
+                              const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                              at::ScalarType dtype) {
+  return run_on_q("ternop.linear_cuda_mma_a8", q, qs, weight_packed, weight_scale, bias, dtype,
+                  ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
+                    return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
+                                                         weight_packed.data_ptr<uint8_t>(),
+                                                         reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
+                                                         out, M, N, K, stream_of(q));
+                  });
+}
+
+at::Tensor linear_cuda_wgmma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
+                                const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                                at::ScalarType dtype, int64_t tile) {
+  const char* op = "ternop.linear_cuda_wgmma_a8";
+  int sms = 0;
+  TORCH_CHECK(q.is_cuda() && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device().index()) ==
+                                 cudaSuccess,
+              op, ": q must be a CUDA tensor on a device whose multiprocessor count can be read");
+  return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype, INT32_MAX,
+                  [&](int code, const void* b, void* out, int M, int N, int K) {
+                    return ternop::launch_ternary_wgmma_a8(
+                        q.data_ptr<int8_t>(), qs.data_ptr<float>(), code, weight_packed.data_ptr<uint8_t>(),
+                        reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out, M, N, K,
+                        static_cast<int>(tile), sms, stream_of(q));
+                  });
 }
 
 at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weight_packed,
@@ -287,4 +322,5 @@ TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda_dequant", &linear_cuda_dequant);
   m.impl("linear_cuda_mma_tiles", &linear_cuda_mma_tiles);
   m.impl("linear_cuda_wgmma", &linear_cuda_wgmma);
+  m.impl("linear_cuda_wgmma_a8", &linear_cuda_wgmma_a8);
 }

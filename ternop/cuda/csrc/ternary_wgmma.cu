@@ -43,100 +43,16 @@
 // Tokens past M read as zero (TMA) and rows past N read the last row's codes; their outputs are
 // never written.
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include "ternary_a16.cuh"
+#include "ternary_wgmma.cuh"
 
 namespace ternop {
 
 namespace {
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TERNOP_HAS_WGMMA 1
-#else
-#define TERNOP_HAS_WGMMA 0
-#endif
-
 constexpr int kCodeRowBytes = 48;  // shared-memory stride of one row's 32 code bytes (no bank conflicts)
 constexpr int kGroups = 2;         // warpgroups of a CTA
 constexpr int kThreads = 128 * kGroups;
-
-// The shared-memory matrix descriptor of a K-major, 128-byte-swizzled B operand at `addr`:
-// start address >> 4 (bits 0-13), leading byte offset 16 (bits 16-29; unused by swizzled K-major
-// layouts), stride byte offset 1024 between groups of eight tokens (bits 32-45), base offset 0
-// (atoms are 1024-byte aligned), swizzle mode 1 = 128 bytes (bits 62-63).
-__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-#if TERNOP_HAS_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wgmma_commit() {
-#if TERNOP_HAS_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if TERNOP_HAS_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-#endif
-}
-
-// mbarriers (one a stage) that the tensor-memory-access unit signals when a tile of x has landed.
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
-#if TERNOP_HAS_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_init_fence() {
-#if TERNOP_HAS_WGMMA
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-#if TERNOP_HAS_WGMMA
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if TERNOP_HAS_WGMMA
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
-// One box of the 2-D tensor map (64 k x BT tokens, 128-byte swizzled) at (k, m) into shared memory.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int k, int m, uint32_t bar) {
-#if TERNOP_HAS_WGMMA
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(m), "r"(bar)
-      : "memory");
-#endif
-}
-
-// Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
-template <int R>
-__device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d[64 rows x BT tokens] = A (registers, 64 x 16) * B (descriptor, 16 x BT) (+ d when scale_d != 0),
 // fp32 accumulate.
@@ -330,8 +246,8 @@ __device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const C
                                            const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N, int kb) {
   if (threadIdx.x == 0) {
     mbar_expect(bar, Cfg::kXBytes);
-    tma_load(stage, x_map, kb * 128, m0, bar);
-    tma_load(stage + Cfg::kXHalfBytes, x_map, kb * 128 + 64, m0, bar);
+    tma_load(stage, x_map, kb * 256, m0, bar);  // bytes: 128 k of 2 bytes a block
+    tma_load(stage + Cfg::kXHalfBytes, x_map, kb * 256 + 128, m0, bar);
   }
 #pragma unroll
   for (int j = 0; j < Cfg::kRows * 2 / kThreads; ++j) {
@@ -542,29 +458,6 @@ constexpr WgShape wg_shape() {
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>()};
 
-// The tensor map of x [M, K] (row stride ldx elements of 2 bytes) whose box is 64 k x `tokens`
-// rows, 128-byte swizzled as the wgmma descriptor reads it; rows past M read as zero. The encoder
-// is a driver function, looked up once through the runtime (no link against the driver library).
-cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ldx, int M, int K, int tokens) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                                             &found);
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ldx) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(tokens)};
-  const cuuint32_t steps[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(x), dims, strides, box, steps,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
 template <typename T, typename Cfg>
 cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
                          float* workspace, int M, int N, int K, int splits, cudaStream_t stream) {
@@ -572,7 +465,7 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap x_map;
-  err = x_tensor_map(&x_map, x, ldx, M, K, Cfg::BT);
+  err = x_tensor_map(&x_map, x, ldx * 2, M, int64_t{K} * 2, Cfg::BT);
   if (err != cudaSuccess) return err;
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;

@@ -1,0 +1,133 @@
+// Hopper primitives the wgmma kernels share (ternary_wgmma.cu, 16-bit x; ternary_wgmma_a8.cu,
+// int8 x): the shared-memory matrix descriptor of a 128-byte-swizzled K-major operand, the
+// wgmma fences, mbarriers, TMA box loads and the host-side tensor map of x. Device code is
+// compiled only for sm_90a (TERNOP_HAS_WGMMA); elsewhere these are empty and the kernels trap.
+
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "ternary_common.cuh"
+
+namespace ternop {
+
+namespace {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TERNOP_HAS_WGMMA 1
+#else
+#define TERNOP_HAS_WGMMA 0
+#endif
+
+// The shared-memory matrix descriptor of a K-major, 128-byte-swizzled B operand at `addr`:
+// start address >> 4 (bits 0-13), leading byte offset 16 (bits 16-29; unused by swizzled K-major
+// layouts), stride byte offset 1024 between groups of eight tokens (bits 32-45), base offset 0
+// (atoms are 1024-byte aligned), swizzle mode 1 = 128 bytes (bits 62-63).
+__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// mbarriers (one a stage) that the tensor-memory-access unit signals when a tile of x has landed.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+#if TERNOP_HAS_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_init_fence() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+#if TERNOP_HAS_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if TERNOP_HAS_WGMMA
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// One box of a 2-D tensor map (x_tensor_map: 128 bytes of a row x `tokens` rows, 128-byte
+// swizzled) at (byte k_byte of the row, row m) into shared memory; `bar` counts its bytes.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int k_byte, int m, uint32_t bar) {
+#if TERNOP_HAS_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k_byte), "r"(m), "r"(bar)
+      : "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int R>
+__device__ __forceinline__ void fence_acc(int32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// The tensor map of x [M rows of row_bytes bytes, rows ld_bytes apart] read as bytes, whose box is
+// 128 bytes x `tokens` rows, 128-byte swizzled as the wgmma descriptor reads a K-major operand;
+// rows past M read as zero. The encoder is a driver function, looked up once through the runtime
+// (no link against the driver library).
+inline cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ld_bytes, int M, int64_t row_bytes,
+                                int tokens) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                             &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(M)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld_bytes)};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(tokens)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(x), dims, strides, box, steps,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+}  // namespace ternop
