@@ -1,6 +1,6 @@
-"""Times every tile of a split-K a16 kernel (``cuda_mma_tiles`` or ``cuda_wgmma``) against cuBLAS bf16.
+"""Times every tile of the mid-M and Hopper CUDA kernels against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma] [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -11,7 +11,9 @@ bench_linear's method (CUDA-graph replays over weight copies rotated past the L2
 output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
 
 ``--kernel wgmma`` does the same for the Hopper kernel (``ternop/cuda/csrc/ternary_wgmma.cu``,
-tiles 0-4, ``WgTile0``-``WgTile4`` there; ``auto_wgmma_tile`` picks one).
+tiles 0-4, ``WgTile0``-``WgTile4`` there; ``auto_wgmma_tile`` picks one), and ``--kernel wgmma_a8``
+for its W2A8 form (``ternary_wgmma_a8.cu``, tiles 0 and 1, 64 and 128 tokens; each time includes
+the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x).
 """
 
 from __future__ import annotations
@@ -31,19 +33,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-# kernel -> (op name, number of tiles)
-KERNELS = {"mma_tiles": ("linear_cuda_mma_tiles", 2), "wgmma": ("linear_cuda_wgmma", 5)}
+# kernel -> (op name, number of tiles, weight layout)
+KERNELS = {
+    "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16"),
+    "wgmma": ("linear_cuda_wgmma", 5, "a16"),
+    "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8"),
+}
+
+
+def _caller(op, layout: str):
+    """``f(x, packed, scale, tile)`` for one kernel; the W2A8 one times the per-token quantization of x
+    with it, as the op pays it."""
+    if layout != "a8":
+        return lambda x, p, s, tile: op(x, p, s, None, tile)
+    from ternop.cuda.launch_fused import quantize_rows
+
+    def call(x, p, s, tile):
+        q, qs = quantize_rows(x)
+        return op(q, qs, p, s, None, x.dtype, tile)
+
+    return call
 
 
 def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])
-    op_name, tiles = KERNELS[kernel]
-    op = getattr(torch.ops.ternop, op_name)
+    op_name, tiles, layout = KERNELS[kernel]
+    call = _caller(getattr(torch.ops.ternop, op_name), layout)
     results = []
     for family, shapes in SHAPES.items():
         for k, n in shapes:
             base = make_weights(k, n, copies_for(n * k // 4 + 2 * n * (k // 128)))
-            a16 = [(layouts.repack(p, "a16"), s) for p, s in base]
+            packed = [(layouts.repack(p, layout), s) for p, s in base]
             dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
@@ -52,9 +72,9 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
                 errs = {}
                 for tile in (*range(tiles), -1):
                     name = f"tile:{tile if tile >= 0 else 'auto'}"
-                    y = op(x, *a16[0], None, tile).float()
+                    y = call(x, *packed[0], tile).float()
                     errs[name] = float((y - ref).norm() / ref.norm())
-                    row[name] = time_graph(lambda i, t=tile: op(x, *a16[i % len(a16)], None, t), len(a16))
+                    row[name] = time_graph(lambda i, t=tile: call(x, *packed[i % len(packed)], t), len(packed))
                 base_us = row["cublas_bf16"]
                 for name, us in row.items():
                     results.append({
@@ -66,7 +86,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
                 print(f"{family:5s} {k:6d}->{n:6d} M={m:4d} bf16 {base_us:8.2f} us  "
                       + " ".join(f"{name[5:]}:x{base_us / us:4.2f}" for name, us in row.items() if name != "cublas_bf16")
                       + f"  best {best[1][5:]} x{best[0]:4.2f}  max err {max(errs.values()):.2e}", flush=True)
-            del base, a16, dense
+            del base, packed, dense
             torch.cuda.empty_cache()
             out_path.write_text(json.dumps(_report(results, complete=False), indent=1) + "\n")
     return _report(results, complete=True)

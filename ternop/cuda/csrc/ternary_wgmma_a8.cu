@@ -16,9 +16,14 @@
 // PRMT into the table 0x00FF0100 = int8 (0, +1, -1, 0) turns four masked nibbles into four int8
 // weights (three instructions a register of four weights).
 //
-// Block partials. A block's four wgmmas accumulate P exactly in int32 (the first overwrites,
-// scale-d 0); after them the warpgroup waits for the block, converts P to fp32 and adds
-// P * scale[n, b] into the fp32 accumulators in block order (fmaf, as ternary_mma_a8.cu does).
+// Block partials. A block runs as two token halves, each four wgmmas m64n(BT/2)k32 s8 that
+// accumulate P exactly in int32 (the first overwrites, scale-d 0) into the half's own registers.
+// The halves ping-pong: while one runs on the tensor cores, the warpgroup adds the other's
+// P * scale[n, b] into the fp32 accumulators, in block order (fmaf, as ternary_mma_a8.cu does).
+// P becomes fp32 by the exponent trick (an integer add and a float add, exact for |P| < 2^22),
+// not by a conversion instruction, whose throughput is a fraction of the adders'. The first version
+// drained each block before scaling it and converted with I2F; it ran at 0.55-0.78x of cuBLAS
+// bf16 (KERNELS.md).
 // The epilogue multiplies by s_x[m] and then adds the bias, two fp32 roundings as in the spec.
 // No split-K: narrow layers at small M leave SMs idle here.
 
@@ -59,28 +64,19 @@ struct WgmmaS8<64> {
 };
 
 template <>
-struct WgmmaS8<128> {
-  __device__ __forceinline__ static void run(uint32_t scale_d, int32_t (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+struct WgmmaS8<32> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, int32_t (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p;\n}\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p;\n}\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
   }
 };
+
 #else
 template <int BT>
 struct WgmmaS8 {
@@ -121,6 +117,59 @@ __device__ __forceinline__ void load_stage_a8(uint32_t stage, uint32_t bar, cons
   cp_async16(stage + Cfg::kXBytes + r * kCodeRowBytesA8 + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
 }
 
+// The ping-pong state of one warpgroup's thread: fp32 accumulators of the whole tile and the
+// int32 partials of its two token halves (Cfg::BT / 2 tokens each).
+template <typename Cfg>
+struct A8Acc {
+  static constexpr int R = Cfg::BT / 2, H = R / 2;  // registers: tile, one half
+  float acc[R];
+  int32_t part[2][H];
+};
+
+// A block's 32 code bytes of this lane's rows (row, row + 8), decoded into the A fragments of its
+// four 32-wide k steps.
+__device__ __forceinline__ void decode_block_a8(const uint8_t* codes, uint32_t shift, uint32_t (&a)[4][4]) {
+  const uint4 w0a = *reinterpret_cast<const uint4*>(codes);
+  const uint4 w0b = *reinterpret_cast<const uint4*>(codes + 16);
+  const uint4 w1a = *reinterpret_cast<const uint4*>(codes + 8 * kCodeRowBytesA8);
+  const uint4 w1b = *reinterpret_cast<const uint4*>(codes + 8 * kCodeRowBytesA8 + 16);
+  const uint32_t w0[8] = {w0a.x, w0a.y, w0a.z, w0a.w, w0b.x, w0b.y, w0b.z, w0b.w};
+  const uint32_t w1[8] = {w1a.x, w1a.y, w1a.z, w1a.w, w1b.x, w1b.y, w1b.z, w1b.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    a[s][0] = quad_a8(w0[2 * s], shift);      // row g,     k 32s + 4q..4q+3
+    a[s][1] = quad_a8(w1[2 * s], shift);      // row g + 8
+    a[s][2] = quad_a8(w0[2 * s + 1], shift);  // row g,     k 32s + 16 + 4q..
+    a[s][3] = quad_a8(w1[2 * s + 1], shift);  // row g + 8
+  }
+}
+
+// Token half `h` of a block: four wgmmas into its int32 partials (the first overwrites them),
+// committed as one group. The half's tokens start 64 h rows into the swizzled tile of q.
+template <typename Cfg, int h>
+__device__ __forceinline__ void issue_half_a8(A8Acc<Cfg>& st, const uint32_t (&a)[4][4], uint32_t stage) {
+  constexpr int HT = Cfg::BT / 2;
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) WgmmaS8<HT>::run(s > 0, st.part[h], a[s], b_desc(stage + h * HT * 128 + s * 32));
+  wgmma_commit();
+}
+
+// acc += P * scale in block order for half h, once its group has completed. P (|P| <= 127 * 128)
+// becomes fp32 exactly through the exponent trick (bits of 1.5 * 2^23 + P, minus 1.5 * 2^23):
+// an integer add and a float add instead of a low-throughput conversion.
+template <typename Cfg, int h>
+__device__ __forceinline__ void scale_half_a8(A8Acc<Cfg>& st, float s0, float s1) {
+  constexpr int H = A8Acc<Cfg>::H;
+  fence_acc(st.part[h]);
+  // part[h][4j + r] is row g + 8 (r / 2), token (BT / 2) h + 8j + 2q + r % 2: scale s0 for r < 2, s1 otherwise.
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    const float p = __int_as_float(st.part[h][i] + 0x4B400000) - 12582912.0f;
+    st.acc[h * H + i] = fmaf(p, (i & 2) ? s1 : s0, st.acc[h * H + i]);
+  }
+}
+
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kThreadsA8, 1)
     ternary_wgmma_a8_kernel(const __grid_constant__ CUtensorMap q_map, const float* __restrict__ qs,
@@ -129,7 +178,7 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
-  constexpr int BT = Cfg::BT, kStages = Cfg::kStages, R = BT / 2;
+  constexpr int BT = Cfg::BT, kStages = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
@@ -150,73 +199,73 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
   const int blocks = K / 128;
   const int64_t row_bytes = K / 4;
   const uint32_t shift = (q & 1) * 2 + (q >> 1) * 16;  // 0, 2, 16, 18
-  const int srow0 = min(n0 + row, N - 1), srow1 = min(n0 + row + 8, N - 1);
+  const __half* sc0p = ws + static_cast<int64_t>(min(n0 + row, N - 1)) * blocks;
+  const __half* sc1p = ws + static_cast<int64_t>(min(n0 + row + 8, N - 1)) * blocks;
 
-  float acc[R];
+  A8Acc<Cfg> st;
 #pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = 0.f;
-  int32_t part[R];  // the block's int32 partials; the first wgmma of a block overwrites them
+  for (int i = 0; i < A8Acc<Cfg>::R; ++i) st.acc[i] = 0.f;
 
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
     if (s < blocks) load_stage_a8<Cfg>(base + s * Cfg::kStageBytes, bar0 + 8 * s, &q_map, m0, wp, row_bytes, n0, N, s);
     cp_async_commit();
   }
-  __half sc0 = ws[static_cast<int64_t>(srow0) * blocks], sc1 = ws[static_cast<int64_t>(srow1) * blocks];
-
-  uint32_t a[2][4];
-  for (int i = 0; i < blocks; ++i) {
+  auto stage_of = [&](int i) { return base + (i % kStages) * Cfg::kStageBytes; };
+  // Block i has landed for every thread; the slot of block i - 2 is free everywhere, and takes
+  // block i + kStages - 2.
+  auto arrive = [&](int i) {
     cp_async_wait<kStages - 3>();
     mbar_wait(bar0 + 8 * (i % kStages), (i / kStages) & 1);
-    __syncthreads();  // block i has landed for every thread; block i - 2's slot is free everywhere
-    {
-      const int next = i + kStages - 2;
-      if (next < blocks)
-        load_stage_a8<Cfg>(base + (next % kStages) * Cfg::kStageBytes, bar0 + 8 * (next % kStages), &q_map, m0, wp,
-                           row_bytes, n0, N, next);
-      cp_async_commit();
-    }
-    const float s0 = __half2float(sc0), s1 = __half2float(sc1);
-    if (i + 1 < blocks) {
-      sc0 = ws[static_cast<int64_t>(srow0) * blocks + i + 1];
-      sc1 = ws[static_cast<int64_t>(srow1) * blocks + i + 1];
-    }
-    const uint32_t stage = base + (i % kStages) * Cfg::kStageBytes;
-    const uint8_t* codes = smem + (stage - base) + Cfg::kXBytes + row * kCodeRowBytesA8;
-    const uint4 w0a = *reinterpret_cast<const uint4*>(codes);
-    const uint4 w0b = *reinterpret_cast<const uint4*>(codes + 16);
-    const uint4 w1a = *reinterpret_cast<const uint4*>(codes + 8 * kCodeRowBytesA8);
-    const uint4 w1b = *reinterpret_cast<const uint4*>(codes + 8 * kCodeRowBytesA8 + 16);
-    const uint32_t w0[8] = {w0a.x, w0a.y, w0a.z, w0a.w, w0b.x, w0b.y, w0b.z, w0b.w};
-    const uint32_t w1[8] = {w1a.x, w1a.y, w1a.z, w1a.w, w1b.x, w1b.y, w1b.z, w1b.w};
+    __syncthreads();
+    const int next = i + kStages - 2;
+    if (next < blocks)
+      load_stage_a8<Cfg>(stage_of(next), bar0 + 8 * (next % kStages), &q_map, m0, wp, row_bytes, n0, N, next);
+    cp_async_commit();
+  };
+  auto codes_of = [&](int i) { return smem + (stage_of(i) - base) + Cfg::kXBytes + row * kCodeRowBytesA8; };
+
+  // Ping-pong: while half 0 of block i is scaled, half 1 runs on the tensor cores; while half 1
+  // is scaled, half 0 of block i + 1 does. The A fragments alternate between two register sets
+  // (a block's stay untouched until both its halves complete), so the loop goes two blocks a turn.
+  // Ping-pong over the two token halves: while one half's group runs on the tensor cores, the
+  // other half's partials are scaled. A step (block i, its A fragments decoded):
+  //   issue half 0 of block i;  scale half 1 of block i - 1 (zero partials before block 0);
+  //   issue half 1 of block i;  wait for half 0, scale it;
+  //   block i + 1 arrives and is decoded into the other register set;  wait for half 1.
+  // Nothing is in flight from one step to the next: ptxas keeps the wgmmas asynchronous only when
+  // every read of partials follows a wait on a group issued in the same loop turn.
+  uint32_t a[2][4][4];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t(&as)[4] = a[s & 1];
-      as[0] = quad_a8(w0[2 * s], shift);      // row g,     k 32s + 4q..4q+3
-      as[1] = quad_a8(w1[2 * s], shift);      // row g + 8
-      as[2] = quad_a8(w0[2 * s + 1], shift);  // row g,     k 32s + 16 + 4q..
-      as[3] = quad_a8(w1[2 * s + 1], shift);  // row g + 8
-      wgmma_fence();
-      WgmmaS8<BT>::run(s > 0, part, as, b_desc(stage + s * 32));
-      wgmma_commit();
-      wgmma_wait<1>();
+  for (int i = 0; i < A8Acc<Cfg>::H; ++i) st.part[1][i] = 0;
+  float p0 = 0.f, p1 = 0.f;  // the scales of the block whose half 1 waits to be scaled
+  auto step = [&](int i, const uint32_t(&a_cur)[4][4], uint32_t(&a_next)[4][4]) {
+    wgmma_wait<0>();  // nothing is in flight here; the wait tells ptxas so
+    issue_half_a8<Cfg, 0>(st, a_cur, stage_of(i));
+    scale_half_a8<Cfg, 1>(st, p0, p1);
+    issue_half_a8<Cfg, 1>(st, a_cur, stage_of(i));
+    p0 = __half2float(sc0p[i]);
+    p1 = __half2float(sc1p[i]);
+    wgmma_wait<1>();
+    scale_half_a8<Cfg, 0>(st, p0, p1);
+    if (i + 1 < blocks) {
+      arrive(i + 1);
+      decode_block_a8(codes_of(i + 1), shift, a_next);
     }
     wgmma_wait<0>();
-    fence_acc(part);
-    // part[4j + r] is row g + 8 (r / 2): scale s0 for r < 2, s1 for r >= 2.
-#pragma unroll
-    for (int j = 0; j < R / 4; ++j) {
-      acc[4 * j + 0] = fmaf(static_cast<float>(part[4 * j + 0]), s0, acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(static_cast<float>(part[4 * j + 1]), s0, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(static_cast<float>(part[4 * j + 2]), s1, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(static_cast<float>(part[4 * j + 3]), s1, acc[4 * j + 3]);
-    }
+  };
+  arrive(0);
+  decode_block_a8(codes_of(0), shift, a[0]);
+  for (int i = 0; i < blocks; i += 2) {
+    step(i, a[0], a[1]);
+    if (i + 1 < blocks) step(i + 1, a[1], a[0]);
   }
+  scale_half_a8<Cfg, 1>(st, p0, p1);
   cp_async_wait<0>();
 
-  // acc[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
+  // acc[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2 (half j / (BT / 16)).
 #pragma unroll
-  for (int j = 0; j < R / 4; ++j)
+  for (int j = 0; j < A8Acc<Cfg>::R / 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = n0 + row + 8 * (r / 2);
@@ -224,7 +273,7 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
       if (n < N && m < M) {
         const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
         // Two roundings, as the spec has them (no contraction into one FMA).
-        out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(acc[4 * j + r], qs[m]), bv));
+        out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(st.acc[4 * j + r], qs[m]), bv));
       }
     }
 }
