@@ -49,9 +49,9 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // mbarriers (one a stage) that the tensor-memory-access unit signals when a tile of x has landed.
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count = 1) {
 #if TERNOP_HAS_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 #endif
 }
 
@@ -103,12 +103,12 @@ __device__ __forceinline__ void fence_acc(int32_t (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// The tensor map of x [M rows of row_bytes bytes, rows ld_bytes apart] read as bytes, whose box is
-// 128 bytes x `tokens` rows, 128-byte swizzled as the wgmma descriptor reads a K-major operand;
-// rows past M read as zero. The encoder is a driver function, looked up once through the runtime
-// (no link against the driver library).
-inline cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ld_bytes, int M, int64_t row_bytes,
-                                int tokens) {
+// The tensor map of a byte matrix [rows of row_bytes bytes, ld_bytes apart] whose box is
+// box_bytes x box_rows, with the given shared-memory swizzle; rows past `rows` read as zero.
+// The encoder is a driver function, looked up once through the runtime (no link against the
+// driver library).
+inline cudaError_t byte_tensor_map(CUtensorMap* map, const void* base, int64_t ld_bytes, int rows, int64_t row_bytes,
+                                   int box_bytes, int box_rows, CUtensorMapSwizzle swizzle) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -118,14 +118,22 @@ inline cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ld_byte
     if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(M)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld_bytes)};
-  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(tokens)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_bytes), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t steps[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(x), dims, strides, box, steps,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, steps,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// The tensor map of x [M rows of row_bytes bytes, rows ld_bytes apart] read as bytes, whose box is
+// 128 bytes x `tokens` rows, 128-byte swizzled as the wgmma descriptor reads a K-major operand;
+// rows past M read as zero.
+inline cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ld_bytes, int M, int64_t row_bytes,
+                                int tokens) {
+  return byte_tensor_map(map, x, ld_bytes, M, row_bytes, 128, tokens, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace
