@@ -1,7 +1,8 @@
 """Drive one ternop.linear backend on one shape, for Nsight Compute (ncu) to profile.
 
     ncu --section SpeedOfLight --section Occupancy --section WarpStateStats -k regex:ternary \
-        python benchmarks/ncu_linear.py --backend cuda_mma --m 1 --k 4096 --n 14336 [--layout a16]
+        python benchmarks/ncu_linear.py --backend cuda_mma --m 1 --k 4096 --n 14336 [--layout a16] \
+        [--activation-bits 8]
 
 ncu flushes the caches before each profiled launch, so weights come from HBM as in serving.
 """
@@ -23,7 +24,8 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=14336)
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--layout", default="v1",
-                        help="weight layout to repack into (a16 for cuda_mma_tiles and cuda_wgmma)")
+                        help="weight layout to repack into (a16 for cuda_mma_tiles and cuda_wgmma, a8 for int8 x)")
+    parser.add_argument("--activation-bits", type=int, choices=(8, 16), default=16)
     args = parser.parse_args(argv)
     os.environ["TERNOP_BACKEND"] = args.backend
     import ternop
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
     for m in args.m:
         x = torch.randn(m, args.k, device="cuda", dtype=torch.bfloat16, generator=g)
         for _ in range(args.calls):
-            ternop.linear(x, packed, scale, layout=args.layout)
+            ternop.linear(x, packed, scale, layout=args.layout, activation_bits=args.activation_bits)
     torch.cuda.synchronize()
     return 0
 

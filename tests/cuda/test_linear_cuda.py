@@ -539,23 +539,32 @@ def test_linear_cuda_a8_partials_are_exact(monkeypatch, name):
 
 
 def test_linear_cuda_wgmma_a8_tiles_equal_the_reference_bit_for_bit():
-    """Both tiles of the Hopper W2A8 kernel (64 and 128 tokens), ragged M and N, a bias: with one
-    power-of-two scale and fp32 x every fp32 step after the int32 partials is exact, so each tile
-    equals the CPU reference bit for bit."""
-    for m, k, n in [(17, 1024, 136), (200, 2048, 520), (1000, 384, 1152), (129, 4096, 256)]:
+    """Both tiles of the Hopper W2A8 kernel (64 and 128 tokens), ragged M and N, odd and even block
+    counts, a bias: with one power-of-two scale every fp32 step after the int32 partials is exact,
+    so each tile equals the spec's arithmetic on the same q and s_x bit for bit. The GPU
+    quantization is checked against the CPU one on the way, so that a failure says which of the
+    two differs."""
+    from ternop import activations
+    from ternop.cuda.launch_fused import quantize_rows
+
+    for m, k, n in [(17, 1024, 136), (200, 2048, 520), (1000, 384, 1152), (129, 4096, 256), (300, 640, 200)]:
         v1, _ = _weights(n, k)
         scale = torch.full((n, k // 128), 2.0**-6, dtype=torch.float16, device="cuda")
         packed = layouts.repack(v1, "a8")
         x = torch.randn(m, k, device="cuda")
         bias = torch.randn(n, device="cuda")
         _skip_unavailable("cuda_wgmma_a8", x, packed, scale, bits=8, layout="a8")
-        from ternop.cuda.launch_fused import quantize_rows
-
         q, qs = quantize_rows(x)
-        want = ternop.linear(x.cpu(), packed.cpu(), scale.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        q_ref, qs_ref = activations.quantize_rows(x.cpu())
+        assert torch.equal(qs.cpu(), qs_ref), (m, k, "token scales differ from the spec")
+        diff = (q.cpu() != q_ref).nonzero()
+        assert diff.numel() == 0, (m, k, "int8 x differs from the spec at", diff[:8].tolist())
+        p = activations.block_partials(q.cpu(), activations.weight_values(packed.cpu(), "a8"))
+        want = (p.to(torch.float32) * scale.cpu().to(torch.float32)).sum(dim=2) * qs.cpu()[:, None] + bias.cpu()
         for tile in (0, 1):
-            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, scale, bias, torch.float32, tile)
-            assert torch.equal(y.cpu(), want), (m, k, n, tile, (y.cpu() - want).abs().max())
+            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, scale, bias, torch.float32, tile).cpu()
+            bad = (y != want).nonzero()
+            assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
