@@ -30,7 +30,9 @@ def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (any float dtype) -> (q int8 [M, K], s_x fp32 [M]) as the module docstring says."""
     xf = x2.to(torch.float32)
     amax = xf.abs().amax(dim=1)
-    inv = torch.where(amax > 0, QMAX / torch.where(amax > 0, amax, 1.0), 0.0)
+    # A tensor numerator: `QMAX / t` would run as t.reciprocal() * QMAX, two roundings, not the
+    # one IEEE division the spec names (and the CUDA kernels compute).
+    inv = torch.where(amax > 0, torch.full_like(amax, QMAX) / torch.where(amax > 0, amax, 1.0), 0.0)
     q = torch.round(xf * inv[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
     return q, amax / QMAX
 

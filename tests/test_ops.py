@@ -242,7 +242,9 @@ def test_layouts_errors():
 def test_quantize_rows_matches_the_spec():
     from ternop.activations import quantize_rows
 
-    x = torch.randn(9, 384) * 5
+    # Two million values: enough that a reciprocal-times-127 in place of the IEEE division
+    # 127 / amax changes some rounding (it changed 2 of them here before the fix).
+    x = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(0)) * 5
     x[2] = 0  # an all-zero row quantizes to zeros with scale 0
     x[4, 7] = 1e-30
     q, s = quantize_rows(x)
