@@ -9,7 +9,7 @@ Order (lower priority first):
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization), M from its floor up | int8 (any float x) | a8 |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); only when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -343,6 +343,9 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
     return not why, why
 
 
+WGMMA_A8_OFF = "cuda_wgmma_a8 is slower than triton_a8 on most shapes (results/h200/sweep_wgmma_a8.json)"
+
+
 def _hopper_wgmma(call: backends.LinearCall) -> str:
     """Why a wgmma backend cannot run here (GPU, build), else ""."""
     capability = configs.device_capability(call.x.device)
@@ -369,6 +372,11 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     if not ok:
         return ok, why
     why = _hopper_wgmma(call)
+    if not why and not _forced("cuda_wgmma_a8"):
+        # Measured at d40a32e (results/h200/sweep_wgmma_a8.json against bench_linear's triton_a8):
+        # 0.53-0.83x of cuBLAS bf16 at M >= 2048, where triton_a8 runs 0.64-0.90x; it wins only
+        # 4096 -> 14336 at M = 128..256. Kept for the int8 Hopper work (docs/KERNELS.md).
+        why = f"{WGMMA_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_wgmma_a8)"
     return not why, why
 
 

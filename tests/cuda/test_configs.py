@@ -158,3 +158,23 @@ def test_wgmma_declines_follows_its_constants():
     assert configs.wgmma_declines(configs.WGMMA_MAX_M, big_n, 4096) == ""
     assert configs.wgmma_declines(configs.WGMMA_MAX_M + 1, big_n, 4096) != ""
     assert configs.wgmma_declines(configs.WGMMA_SMALL_M + 1, big_n - 8, 4096) != ""
+
+
+def test_registry_cuda_wgmma_a8_runs_only_when_forced(monkeypatch):
+    """The int8 Hopper kernel lost to triton_a8 on the H200, so the dispatcher passes it over with
+    that reason even where everything it needs is present; forcing it still runs it."""
+    from types import SimpleNamespace
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    monkeypatch.setattr(registry, "_cuda_ext_ready", lambda call, layouts: (True, ""))
+    monkeypatch.setattr(registry, "_hopper_wgmma", lambda call: "")
+    monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
+    x = SimpleNamespace(shape=(2048, 4096), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: 4096)
+    w = SimpleNamespace(shape=(14336, 1024), data_ptr=lambda: 0)
+    call = backends.LinearCall(x, w, None, None, 8, "a8")
+    ok, why = registry._can_cuda_wgmma_a8(call)
+    assert not ok and "slower than triton_a8" in why and "TERNOP_BACKEND=cuda_wgmma_a8" in why
+    monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma_a8")
+    assert registry._can_cuda_wgmma_a8(call) == (True, "")
+    assert "activation_bits=16" in registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, None, None, 16, "a8"))[1]
