@@ -16,11 +16,11 @@
 // producer waits on before reusing it) and scale the partials.
 //
 // Ping-pong. The block's int32 partials have to be scaled into fp32 on the CUDA cores, about as
-// long as the block's wgmmas take on the tensor cores. The two warpgroups take turns issuing their
-// wgmmas (two named barriers order them; a warpgroup hands the turn over as soon as its wgmmas are
-// issued, so the next ones queue behind them): while one warpgroup's wgmmas run, the other scales
-// its partials and decodes its next block. The first version ran both warpgroups in lockstep, draining the
-// tensor cores for each block's scaling, and reached 0.55-0.78x of cuBLAS bf16 (docs/KERNELS.md).
+// long as the block's wgmmas take on the tensor cores. The two warpgroups take turns on the
+// tensor cores (two named barriers order them; a warpgroup hands the turn over when its wgmmas
+// have completed): while one warpgroup's wgmmas run, the other scales its partials and decodes
+// its next block. The first version ran both warpgroups in lockstep, draining the tensor cores
+// for each block's scaling, and reached 0.55-0.78x of cuBLAS bf16 (docs/KERNELS.md).
 //
 // Decoding. Lane (g, q) needs, of rows g and g + 8, the weights 4q..4q+3 and 16+4q..16+4q+3 of
 // each 32-wide k step s (words 2s and 2s + 1 of the row's block), in natural k order: the a8
@@ -219,12 +219,14 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
 #pragma unroll
     for (int s = 0; s < 4; ++s) WgmmaS8<BT>::run(s > 0, part, a[s], b_desc(stage + s * 32));
     wgmma_commit();
-    // The other warpgroup may issue its wgmmas now: they queue behind these, so the tensor
-    // cores never drain at a hand-over.
-    if (wg == 0 || kb + 1 < blocks) turn_pass(other_turn);
     const float s0 = __half2float(sc0p[kb]), s1 = __half2float(sc1p[kb]);
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(empty0 + 8 * slot);  // this warp is done with the stage
+    // The turn passes once the wgmmas have completed, which keeps the two warpgroups in opposite
+    // phases. Passed as soon as they were issued (d40a32e), both warpgroups issued back to back,
+    // then scaled at the same time while the tensor cores idled: 0.72-0.83x of cuBLAS bf16 at
+    // M >= 2048 on the 8B shapes against 0.76-0.90x this way (8bbb40a).
+    if (wg == 0 || kb + 1 < blocks) turn_pass(other_turn);
     if (kb + 1 < blocks) {
       const int next = (kb + 1) % kStages;
       mbar_wait(full0 + 8 * next, ((kb + 1) / kStages) & 1);
