@@ -343,7 +343,7 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
     return not why, why
 
 
-WGMMA_A8_OFF = "cuda_wgmma_a8 is slower than triton_a8 on most shapes (results/h200/sweep_wgmma_a8.json)"
+WGMMA_A8_OFF = "cuda_wgmma_a8 is not faster than triton_a8 on most shapes (results/h200/sweep_wgmma_a8.json)"
 
 
 def _hopper_wgmma(call: backends.LinearCall) -> str:
@@ -373,9 +373,10 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         return ok, why
     why = _hopper_wgmma(call)
     if not why and not _forced("cuda_wgmma_a8"):
-        # Measured at d40a32e (results/h200/sweep_wgmma_a8.json against bench_linear's triton_a8):
-        # 0.53-0.83x of cuBLAS bf16 at M >= 2048, where triton_a8 runs 0.64-0.90x; it wins only
-        # 4096 -> 14336 at M = 128..256. Kept for the int8 Hopper work (docs/KERNELS.md).
+        # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on
+        # the 0.6B layers and 0.76-0.90x on the 8B ones, where bench_linear.json's triton_a8 runs
+        # 0.62-0.77x and 0.74-0.87x; ahead only on the widest 8B layers at M = 64..128, by margins
+        # no same-run comparison has confirmed. Kept for the int8 Hopper work (docs/KERNELS.md).
         why = f"{WGMMA_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_wgmma_a8)"
     return not why, why
 
