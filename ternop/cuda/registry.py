@@ -381,27 +381,33 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     return not why, why
 
 
-def _run_cuda_wgmma_a8(call: backends.LinearCall) -> torch.Tensor:
+def _bias(call: backends.LinearCall) -> torch.Tensor | None:
+    """The bias as the C++ ops take it (contiguous), or None."""
+    return call.bias.contiguous() if call.bias is not None else None
+
+
+def _contiguous(call: backends.LinearCall):
+    return call.x.contiguous(), call.weight_packed, call.weight_scale, _bias(call)
+
+
+def _quantized(call: backends.LinearCall):
+    """The arguments of the C++ W2A8 ops but the output dtype: x quantized per token (Triton kernel)."""
     mod, _ = _module("launch_fused")
     q, qs = mod.quantize_rows(call.x)
-    bias = call.bias.contiguous() if call.bias is not None else None
-    return torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, call.weight_packed, call.weight_scale, bias, call.x.dtype)
+    return q, qs, call.weight_packed, call.weight_scale, _bias(call)
+
+
+def _run_cuda_wgmma_a8(call: backends.LinearCall) -> torch.Tensor:
+    return torch.ops.ternop.linear_cuda_wgmma_a8(*_quantized(call), call.x.dtype)
 
 
 def _run_cuda_wgmma(call: backends.LinearCall) -> torch.Tensor:
-    bias = call.bias.contiguous() if call.bias is not None else None
-    return torch.ops.ternop.linear_cuda_wgmma(call.x, call.weight_packed, call.weight_scale, bias)
+    return torch.ops.ternop.linear_cuda_wgmma(call.x, call.weight_packed, call.weight_scale, _bias(call))
 
 
 def _run_cuda_mma_tiles(call: backends.LinearCall) -> torch.Tensor:
     # Takes x's row stride as it is (_cuda_ext_ready checked its alignment).
-    bias = call.bias.contiguous() if call.bias is not None else None
-    return torch.ops.ternop.linear_cuda_mma_tiles(call.x, call.weight_packed, call.weight_scale, bias)
-
-
-def _contiguous(call: backends.LinearCall):
-    bias = call.bias.contiguous() if call.bias is not None else None
-    return call.x.contiguous(), call.weight_packed, call.weight_scale, bias
+    return torch.ops.ternop.linear_cuda_mma_tiles(call.x, call.weight_packed, call.weight_scale, _bias(call))
 
 
 def _run_cuda_gemv(call: backends.LinearCall) -> torch.Tensor:
@@ -413,10 +419,7 @@ def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
-    mod, _ = _module("launch_fused")
-    q, qs = mod.quantize_rows(call.x)
-    bias = call.bias.contiguous() if call.bias is not None else None
-    return torch.ops.ternop.linear_cuda_mma_a8(q, qs, call.weight_packed, call.weight_scale, bias, call.x.dtype)
+    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.x.dtype)
 
 
 def _run_cuda_mma_a8_fused(call: backends.LinearCall) -> torch.Tensor:
