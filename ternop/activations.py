@@ -14,6 +14,18 @@ The product runs per 128-block b in integers and is scaled in fp32:
 
 and y is rounded once to x's dtype. |P| <= 127 * 128, so every P is exact in fp32 too.
 Kernels may add the block terms in any order; that order is the only freedom they have.
+
+Row scales. ``weight_scale`` may instead be ``[N, 1]``: one scale s_w[n] for all of row n's
+weights (BitNet b1.58 checkpoints carry one scale per tensor; a v1 checkpoint whose blocks of
+a row share one scale loads this way, ``row_scales``). The integer sum then runs over all of K:
+
+    S[m, n]    = sum_k q[m, k] * v[n, k]                          (int32, exact)
+    y[m, n]    = fp32(fp32(S[m, n]) * fp32(s_w[n])) * s_x[m]   (+ bias[n])
+
+each product rounded to fp32 in that order. |S| <= 127 * K < 2^24 for K <= ROW_SCALE_MAX_K, so
+fp32(S) is exact, and kernels have no freedom at all: the result is bitwise the reference's.
+With one block (K = 128) both forms are the same arithmetic. For 16-bit activations a row
+scale means what its expansion to ``[N, K/128]`` means (``ternop.format.dequantize``).
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ from ternop.format import BLOCK_SIZE, codes_to_values, unpack_codes
 from ternop.layouts import to_v1
 
 QMAX = 127
+# The largest K whose row-scale sums stay exact in fp32: 127 * K <= 2^24.
+ROW_SCALE_MAX_K = (1 << 24) // QMAX // BLOCK_SIZE * BLOCK_SIZE
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,3 +65,24 @@ def block_partials(q: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     qb = q.to(torch.float32).view(m, nb, BLOCK_SIZE).transpose(0, 1)  # [B, M, 128]
     vb = values.to(torch.float32).view(n, nb, BLOCK_SIZE).permute(1, 2, 0)  # [B, 128, N]
     return torch.bmm(qb, vb).permute(1, 2, 0).to(torch.int32)
+
+
+def row_sums(q: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """q int8 [M, K], values int8 [N, K] -> S int32 [M, N], the sum over all of K (exact)."""
+    # float64 holds every such sum exactly (|S| <= 127 * K), and CPU matmul in float64 is exact
+    # for integers below 2^53.
+    return (q.to(torch.float64) @ values.to(torch.float64).t()).to(torch.int32)
+
+
+def row_scales(weight_scale: torch.Tensor) -> torch.Tensor | None:
+    """weight_scale fp16 [N, B] -> its [N, 1] row-scale form when every row's B scales are equal
+    (bitwise), else None. [N, 1] itself is returned as it is."""
+    if weight_scale.dim() != 2:
+        raise ValueError(f"weight_scale must be 2-D [N, K/128], got shape {tuple(weight_scale.shape)}")
+    if weight_scale.shape[1] == 1:
+        return weight_scale
+    first = weight_scale[:, :1]
+    # Bitwise: -0.0 and 0.0 differ, NaN never matches itself as a float, so compare the bits.
+    if bool((weight_scale.view(torch.int16) == first.view(torch.int16)).all()):
+        return first.contiguous()
+    return None

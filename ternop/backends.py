@@ -34,7 +34,8 @@ class LinearCall(NamedTuple):
 
     x: [M, K] fp16/bf16/fp32 with x.stride(1) == 1 (x.stride(0) may exceed K);
     weight_packed: uint8 [N, K/4] contiguous, in ``layout`` (ternop.layouts);
-    weight_scale: fp16 [N, K/128] contiguous; bias: [N] in x's dtype (any stride) or None;
+    weight_scale: fp16 [N, K/128] contiguous, or [N, 1] (a scale per row) when activation_bits
+    is 8 (the op expands a row scale for 16-bit activations); bias: [N] in x's dtype (any stride) or None;
     activation_bits: 16 (x as given) or 8 (x quantized per token to int8).
     """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ternop import backends
-from ternop.activations import block_partials, quantize_rows, weight_values
+from ternop.activations import block_partials, quantize_rows, row_sums, weight_values
 from ternop.format import BLOCK_SIZE, dequantize
 from ternop.layouts import to_v1
 
@@ -34,11 +34,17 @@ def _linear_a16(call: backends.LinearCall, out: torch.Tensor) -> None:
 def _linear_a8(call: backends.LinearCall, out: torch.Tensor) -> None:
     q, sx = quantize_rows(call.x)
     nb = call.k // BLOCK_SIZE
+    row_scaled = call.weight_scale.shape[1] == 1  # one scale per row: the sum runs over all of K
     rows = max(1, _CHUNK_ELEMS // (call.k + call.m * nb))
     for n0 in range(0, call.n, rows):
         n1 = min(call.n, n0 + rows)
-        p = block_partials(q, weight_values(call.weight_packed[n0:n1], call.layout))  # [M, n, B]
-        acc = (p.to(torch.float32) * call.weight_scale[n0:n1].to(torch.float32)).sum(dim=2) * sx[:, None]
+        values = weight_values(call.weight_packed[n0:n1], call.layout)
+        scale = call.weight_scale[n0:n1].to(torch.float32)
+        if row_scaled:
+            acc = (row_sums(q, values).to(torch.float32) * scale[:, 0]) * sx[:, None]
+        else:
+            p = block_partials(q, values)  # [M, n, B]
+            acc = (p.to(torch.float32) * scale).sum(dim=2) * sx[:, None]
         if call.bias is not None:
             acc += call.bias[n0:n1].to(torch.float32)
         out[:, n0:n1] = acc

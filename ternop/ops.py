@@ -5,11 +5,11 @@
 
 x [..., K] float16/bfloat16/float32 (any strides), weight_packed uint8 [N, K/4] in
 ``layout`` (``ternop.layouts``: "v1" is the checkpoint format, "a16"/"a8" the kernel
-layouts), weight_scale float16 [N, K/128], bias [N] in x's dtype or None -> a new
-[..., N] tensor in x's dtype. ``activation_bits=16`` uses x as given and accumulates in
-fp32; ``activation_bits=8`` quantizes x per token to int8 and accumulates int32 per
-128-block (``ternop.activations`` is its spec). The op is functional (it mutates
-nothing) and inference-only: it has no backward.
+layouts), weight_scale float16 [N, K/128] (or [N, 1]: one scale per row), bias [N] in x's
+dtype or None -> a new [..., N] tensor in x's dtype. ``activation_bits=16`` uses x as given
+and accumulates in fp32; ``activation_bits=8`` quantizes x per token to int8 and accumulates
+int32 per 128-block, or over all of K with row scales (``ternop.activations`` is its spec).
+The op is functional (it mutates nothing) and inference-only: it has no backward.
 
 Every device runs the same entry: check, view x as [M, K] (copying only when K is not its
 unit-stride dimension), pick a backend from the registry for this call, view the result back.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ternop import backends
+from ternop.format import BLOCK_SIZE
 from ternop.meta import check_linear_inputs, inputs_ok, linear_fake
 
 SCHEMA = (
@@ -65,6 +66,9 @@ def _linear_impl(
         _load_cuda_backends()
     if not weight_packed.is_contiguous():
         weight_packed = weight_packed.contiguous()
+    if weight_scale.shape[1] != k // BLOCK_SIZE and activation_bits == 16:
+        # A row scale means its expansion (16-bit kernels read a scale per block).
+        weight_scale = weight_scale.expand(n, k // BLOCK_SIZE)
     if not weight_scale.is_contiguous():
         weight_scale = weight_scale.contiguous()
     call = backends.LinearCall(x2, weight_packed, weight_scale, bias, activation_bits, layout)
@@ -99,7 +103,8 @@ def ternary_linear(
     """y = x @ dequantize(weight_packed, weight_scale).T + bias, via ``torch.ops.ternop.linear``.
 
     x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4] in ``layout``
-    (see ``ternop.layouts``; "v1" is the checkpoint format); weight_scale: float16 [N, K/128];
+    (see ``ternop.layouts``; "v1" is the checkpoint format); weight_scale: float16 [N, K/128],
+    or [N, 1] for one scale per row (``ternop.activations.row_scales`` makes it);
     bias: [N] in x's dtype or None. ``activation_bits=8`` quantizes x per token to int8
     first (see ``ternop.activations``). Returns [..., N] in x's dtype.
     """

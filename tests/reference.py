@@ -112,3 +112,17 @@ def linear_a8_fp64(x: torch.Tensor, weight_packed, weight_scale, bias=None, layo
     if bias is not None:
         y = y + bias.cpu().to(torch.float64).numpy()
     return torch.from_numpy(y).reshape(*x.shape[:-1], -1)
+
+
+def linear_a8_row_scales_np(x: torch.Tensor, weight_packed, row_scale, bias=None, layout: str = "v1") -> np.ndarray:
+    """The W2A8 spec with one scale per row (row_scale [N, 1]), in the spec's own float32 steps:
+    fp32(fp32(S) * s_w) * s_x (+ bias), S the exact integer sum over all of K. Returns float32
+    [M, N] before the cast to x's dtype; there is no freedom left, so kernels must match it bit for bit."""
+    q, sx = quantize_rows_np(x.reshape(-1, x.shape[-1]))
+    v = unpack_layout_values(weight_packed, layout).astype(np.int64)
+    s_sum = (q @ v.T).astype(np.float32)  # exact integers below 2^24
+    sw = row_scale.cpu().to(torch.float32).numpy()[:, 0]
+    y = (s_sum * sw[None, :]).astype(np.float32) * sx[:, None]
+    if bias is not None:
+        y = y + bias.cpu().to(torch.float32).numpy()[None, :]
+    return y.astype(np.float32)

@@ -7,6 +7,7 @@ from ternop import backends, cpu, layouts
 from tests.reference import (
     assert_within_2x_of_dense,
     linear_a8_fp64,
+    linear_a8_row_scales_np,
     quantize_rows_np,
     random_packed,
     unpack_layout_values,
@@ -122,8 +123,8 @@ def _args(**over):
         (dict(weight_packed=torch.zeros(16, 48, dtype=torch.uint8), x=torch.randn(3, 192)), "K=192 must be a multiple of 128"),
         (dict(weight_packed=torch.zeros(0, 64, dtype=torch.uint8)), "weight_packed is empty"),
         (dict(weight_scale=torch.ones(16, 2)), "weight_scale must be float16"),
-        (dict(weight_scale=torch.ones(15, 2, dtype=torch.float16)), r"weight_scale must have shape \[N, K/128\] = \[16, 2\], got \[15, 2\]"),
-        (dict(weight_scale=torch.ones(16, 1, dtype=torch.float16)), r"= \[16, 2\], got \[16, 1\]"),
+        (dict(weight_scale=torch.ones(15, 2, dtype=torch.float16)), r"weight_scale must have shape \[N, K/128\] = \[16, 2\] \(or \[16, 1\], a scale per row\), got \[15, 2\]"),
+        (dict(weight_scale=torch.ones(16, 3, dtype=torch.float16)), r"= \[16, 2\] \(or \[16, 1\], a scale per row\), got \[16, 3\]"),
         (dict(bias=torch.randn(15)), r"bias must have shape \[N\] = \[16\]"),
         (dict(bias=torch.randn(16, dtype=torch.float16)), "bias must have x's dtype torch.float32"),
         (dict(x=torch.randn(3, 256, device="meta")), "all tensors must be on one device"),
@@ -276,6 +277,88 @@ def test_linear_a8_differs_from_a16_by_the_rounding_of_x():
     a16, a8 = ternop.linear(x, packed, scale), ternop.linear(x, packed, scale, activation_bits=8)
     err = _rel_err(a8, a16.double())
     assert 1e-4 < err < 2e-2  # int8 rounding of x: visible, but small
+
+
+# --- one scale per row ---------------------------------------------------------------------------
+
+
+def _row_scaled(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    packed, _ = random_packed(n, k, generator=g, reserved=True)
+    row = (torch.rand((n, 1), generator=g) * 0.1 + 0.01).to(torch.float16)
+    return packed, row
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_a8_row_scales_match_the_spec_bit_for_bit(layout, dtype):
+    packed, row = _row_scaled(72, 1152)
+    packed = layouts.repack(packed, layout)
+    x = torch.randn(2, 5, 1152).to(dtype) * 3
+    bias = torch.randn(72).to(dtype)
+    y = ternop.linear(x, packed, row, bias, activation_bits=8, layout=layout)
+    want = torch.from_numpy(linear_a8_row_scales_np(x, packed, row, bias, layout)).to(dtype).reshape(2, 5, 72)
+    assert torch.equal(y, want)
+
+
+def test_linear_a8_row_scales_sum_over_all_of_k():
+    """The row form is not the block form with equal scales: that one rounds after every block."""
+    from ternop.format import pack_codes
+
+    g = torch.Generator().manual_seed(1)
+    # Mostly +1 weights and positive x: sums of about 2^18 that fp32 must round in both forms.
+    codes = torch.where(torch.rand(64, 4096, generator=g) < 0.8, 0b01, 0b10).to(torch.uint8)
+    packed = pack_codes(codes)
+    row = (torch.rand((64, 1), generator=g) * 0.1 + 0.01).to(torch.float16)
+    x = torch.rand(64, 4096, generator=g) + 0.5
+    y_row = ternop.linear(x, packed, row, activation_bits=8)
+    y_blocks = ternop.linear(x, packed, row.expand(-1, 32).contiguous(), activation_bits=8)
+    assert not torch.equal(y_row, y_blocks) and _rel_err(y_row, y_blocks.double()) < 1e-6
+    # One block: both forms are the same arithmetic.
+    from ternop.activations import block_partials, quantize_rows, weight_values
+
+    packed, row = _row_scaled(16, 128, seed=2)
+    x = torch.randn(3, 128)
+    q, sx = quantize_rows(x)
+    blocks = (block_partials(q, weight_values(packed)).float() * row.float()).sum(dim=2) * sx[:, None]
+    assert torch.equal(ternop.linear(x, packed, row, activation_bits=8), blocks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_a16_row_scales_mean_their_expansion(dtype):
+    packed, row = _row_scaled(40, 384, seed=3)
+    x = torch.randn(3, 384).to(dtype)
+    assert torch.equal(ternop.linear(x, packed, row), ternop.linear(x, packed, row.expand(-1, 3).contiguous()))
+
+
+def test_row_scales_of_a_checkpoint():
+    from ternop.activations import row_scales
+
+    scale = torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.25, 0.25]], dtype=torch.float16)
+    assert torch.equal(row_scales(scale), scale[:, :1]) and row_scales(scale).is_contiguous()
+    scale[1, 2] = 0.125
+    assert row_scales(scale) is None
+    # Bitwise: -0.0 is not 0.0.
+    assert row_scales(torch.tensor([[0.0, -0.0]], dtype=torch.float16)) is None
+    one = torch.ones(4, 1, dtype=torch.float16)
+    assert row_scales(one) is one
+
+
+@pytest.mark.parametrize(
+    "scale_shape, k, message",
+    [((8, 2), 384, r"\[N, K/128\] = \[8, 3\] \(or \[8, 1\], a scale per row\)"),
+     ((8, 1), 132224, "row scales .* take K <= 132096")],
+)
+def test_linear_row_scale_errors(scale_shape, k, message):
+    packed = torch.zeros(8, k // 4, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match=message):
+        ternop.linear(torch.randn(1, k), packed, torch.ones(scale_shape, dtype=torch.float16), activation_bits=8)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_linear_opcheck_row_scales(bits):
+    packed, row = _row_scaled(40, 512, seed=4)
+    torch.library.opcheck(torch.ops.ternop.linear.default, (torch.randn(3, 512), packed, row, None, bits, "v1"))
 
 
 @pytest.mark.parametrize("bits", [16, 8])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ternop.activations import ROW_SCALE_MAX_K
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE
 from ternop.layouts import LAYOUTS
 
@@ -26,7 +27,7 @@ def check_linear_inputs(
     """Checks the arguments of ``ternop::linear`` and returns (N, K).
 
     x: [..., K] float16/bfloat16/float32; weight_packed: uint8 [N, K/4] in ``layout``;
-    weight_scale: float16 [N, K/128]; bias: [N] in x's dtype, or None;
+    weight_scale: float16 [N, K/128], or [N, 1] (a scale per row, K <= ROW_SCALE_MAX_K); bias: [N] in x's dtype, or None;
     activation_bits: 16 or 8; layout: one of ternop.layouts.LAYOUTS.
     """
     torch._check(
@@ -75,9 +76,14 @@ def check_linear_inputs(
         f"{tuple(weight_packed.shape)} holds K={k} (K/4={weight_packed.shape[1]})",
     )
     torch._check(
-        weight_scale.shape[0] == n and weight_scale.shape[1] == k // BLOCK_SIZE,
-        lambda: f"ternop.linear: weight_scale must have shape [N, K/{BLOCK_SIZE}] = [{n}, {k // BLOCK_SIZE}], "
-        f"got {list(weight_scale.shape)}",
+        weight_scale.shape[0] == n and (weight_scale.shape[1] == k // BLOCK_SIZE or weight_scale.shape[1] == 1),
+        lambda: f"ternop.linear: weight_scale must have shape [N, K/{BLOCK_SIZE}] = [{n}, {k // BLOCK_SIZE}] "
+        f"(or [{n}, 1], a scale per row), got {list(weight_scale.shape)}",
+    )
+    torch._check(
+        weight_scale.shape[1] != 1 or k <= ROW_SCALE_MAX_K,
+        lambda: f"ternop.linear: row scales ([N, 1]) take K <= {ROW_SCALE_MAX_K}, where the int32 sums "
+        f"stay exact in fp32; got K={k}",
     )
     torch._check(
         weight_packed.device == x.device and weight_scale.device == x.device,
@@ -126,7 +132,9 @@ def inputs_ok(
     ):
         return False
     n, k = ps[0], ps[1] * CODES_PER_BYTE
-    if n <= 0 or k <= 0 or k % BLOCK_SIZE or xs[-1] != k or ss[0] != n or ss[1] != k // BLOCK_SIZE:
+    if n <= 0 or k <= 0 or k % BLOCK_SIZE or xs[-1] != k or ss[0] != n:
+        return False
+    if ss[1] != k // BLOCK_SIZE and (ss[1] != 1 or k > ROW_SCALE_MAX_K):
         return False
     device = x.device
     if weight_packed.device != device or weight_scale.device != device:
