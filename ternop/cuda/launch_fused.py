@@ -7,7 +7,7 @@ they are capture-safe. The kernels are launched plainly: they run inside the opa
 
     linear_a16(x [M, K] fp16/bf16, weight_packed uint8 [N, K/4], weight_scale fp16 [N, K/128],
                bias [N] | None, layout, config) -> [M, N] in x's dtype
-    linear_a8(x [M, K] any float, ...same...) -> [M, N] in x's dtype
+    linear_a8(x [M, K] any float, ...same, or weight_scale [N, 1]...) -> [M, N] in x's dtype
     quantize_rows(x [M, K]) -> (q int8 [M, K], s_x fp32 [M])
 """
 
@@ -34,13 +34,14 @@ def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch
     return (tiles, splits), splits, out, ws
 
 
-def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int, row_scale=None) -> None:
+def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int, row_scale=None, col_scale=None) -> None:
     m, n = out.shape
     split_k_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-        ws, row_scale if row_scale is not None else ws, bias if bias is not None else out, out, m, n,
-        bias.stride(0) if bias is not None else 0, out.stride(0),
-        HAS_ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, SPLIT_K=splits, BLOCK=_REDUCE_BLOCK,
-        num_warps=4,
+        ws, row_scale if row_scale is not None else ws, col_scale if col_scale is not None else ws,
+        bias if bias is not None else out, out, m, n, bias.stride(0) if bias is not None else 0, out.stride(0),
+        HAS_ROW_SCALE=row_scale is not None, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None,
+        SPLIT_K=splits, BLOCK=_REDUCE_BLOCK, num_warps=4,
+        enable_fp_fusion=False,  # each scale, then the bias, rounds on its own, as the specs say
     )
 
 
@@ -91,8 +92,10 @@ def linear_a8(x, weight_packed, weight_scale, bias, layout: str, config: configs
 
 def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig,
                         dtype: torch.dtype) -> torch.Tensor:
-    """The A8 product from already quantized rows (q int8 [M, K], qs fp32 [M]); out in ``dtype``."""
+    """The A8 product from already quantized rows (q int8 [M, K], qs fp32 [M]); out in ``dtype``.
+    ``weight_scale`` [N, 1] is a scale per row (``ternop.activations``)."""
     m, k = q.shape
+    row_scaled = weight_scale.shape[1] == 1 and k > 128
     n = weight_packed.shape[0]
     grid, splits, out, ws = _setup(q, n, config, dtype)
     w32 = weight_packed.view(torch.int32)
@@ -103,13 +106,16 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
         LAYOUT=LAYOUT_CODES[layout],
         HAS_BIAS=bias is not None and splits == 1,
         USE_ASM=q.is_cuda,
+        ROW_SCALE=row_scaled,
         SPLIT_K=splits,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         GROUP_M=config.group_m,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        # Row scales leave no freedom: the two scales and the bias each round on their own.
+        enable_fp_fusion=not row_scaled,
     )
     if splits > 1:
-        _reduce(ws, bias, out, splits, qs)
+        _reduce(ws, bias, out, splits, qs, weight_scale.view(-1) if row_scaled else None)
     return out

@@ -8,7 +8,8 @@ No dense copy of the weights ever reaches HBM. Each program owns an output tile
   ``tl.dot`` accumulates in fp32 over all of K. Layouts "v1" and "a16".
 - ``fused_a8_kernel`` (int8 x from ``quant_rows_kernel``): the block's words decode to int8
   v, ``tl.dot`` gives the block's exact int32 partial, and the fp32 accumulator adds
-  ``partial * weight scale``; the token scale multiplies once at the end. Layout "a8".
+  ``partial * weight scale``; the token scale multiplies once at the end. With one scale
+  per weight row (ROW_SCALE), the int32 sum runs over all of K instead. Layout "a8".
 - ``quant_rows_kernel``: per-token absmax int8 quantization (``ternop.activations``).
 - ``split_k_reduce_kernel``: adds the fp32 partials of a split-K launch, adds the bias and
   casts to the output dtype.
@@ -134,6 +135,7 @@ def fused_a8_kernel(
     LAYOUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_ASM: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -152,32 +154,45 @@ def fused_a8_kernel(
     offs_m, offs_n, rows_x, q_ptrs, w_ptrs, s_ptrs = _operands(
         q_ptr, w_ptr, s_ptr, M, N, stride_qm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, GROUP_M)
     kb0 = tl.program_id(1)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(kb0, K // 128, SPLIT_K):
-        words = tl.load(w_ptrs)
-        scale = tl.load(s_ptrs).to(tl.float32)
-        wt = decode_a8(words, LAYOUT, BLOCK_N, USE_ASM)
-        qt = tl.load(q_ptrs)
-        part = tl.dot(wt, tl.trans(qt), out_dtype=tl.int32)
-        # |part| <= 127 * 128 < 2^22: adding it to the bits of 1.5 * 2^23 and subtracting
-        # 1.5 * 2^23 converts it exactly with two full-rate ops instead of one quarter-rate I2F.
-        part_f = (part + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-        acc += part_f * scale[:, None]
-        q_ptrs += 128 * SPLIT_K
-        w_ptrs += 8 * SPLIT_K
-        s_ptrs += SPLIT_K
+    if ROW_SCALE:
+        # One scale per row (s [N, 1]): the int32 sum runs over all of K, scaled once at the end.
+        iacc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+        for _ in range(kb0, K // 128, SPLIT_K):
+            wt = decode_a8(tl.load(w_ptrs), LAYOUT, BLOCK_N, USE_ASM)
+            iacc = tl.dot(wt, tl.trans(tl.load(q_ptrs)), iacc, out_dtype=tl.int32)
+            q_ptrs += 128 * SPLIT_K
+            w_ptrs += 8 * SPLIT_K
+        acc = iacc.to(tl.float32)  # exact: |S| <= 127 * K < 2^24
+        if SPLIT_K == 1:
+            acc = acc * tl.load(s_ptr + tl.where(offs_n < N, offs_n, 0).to(tl.int64) * stride_sn).to(tl.float32)[:, None]
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for _ in range(kb0, K // 128, SPLIT_K):
+            words = tl.load(w_ptrs)
+            scale = tl.load(s_ptrs).to(tl.float32)
+            wt = decode_a8(words, LAYOUT, BLOCK_N, USE_ASM)
+            qt = tl.load(q_ptrs)
+            part = tl.dot(wt, tl.trans(qt), out_dtype=tl.int32)
+            # |part| <= 127 * 128 < 2^22: adding it to the bits of 1.5 * 2^23 and subtracting
+            # 1.5 * 2^23 converts it exactly with two full-rate ops instead of one quarter-rate I2F.
+            part_f = (part + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+            acc += part_f * scale[:, None]
+            q_ptrs += 128 * SPLIT_K
+            w_ptrs += 8 * SPLIT_K
+            s_ptrs += SPLIT_K
     if SPLIT_K == 1:
         acc = acc * tl.load(qs_ptr + rows_x)[None, :]
-    # Split-K: the token scale multiplies the sum of the slices, in split_k_reduce_kernel, so that
-    # it rounds once, after the block terms, as the spec says.
+    # Split-K: the token scale (and a row scale) multiplies the sum of the slices, in
+    # split_k_reduce_kernel, so that it rounds once, after the sum, as the spec says.
     _store_tile(tl.trans(acc), b_ptr, out_ptr, ws_ptr, offs_m, offs_n, M, N, stride_b, stride_om, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
-def split_k_reduce_kernel(ws_ptr, rs_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
-                          HAS_ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """out[m, n] = sum_s ws[s, m, n] (* rs[m]) (+ bias[n]), in a fixed order (deterministic)."""
+def split_k_reduce_kernel(ws_ptr, rs_ptr, cs_ptr, b_ptr, out_ptr, M, N, stride_b, stride_om,
+                          HAS_ROW_SCALE: tl.constexpr, HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[m, n] = sum_s ws[s, m, n] (* cs[n]) (* rs[m]) (+ bias[n]), in a fixed order
+    (deterministic); cs is fp16 (a weight row's scale), rs fp32 (a token's)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -185,6 +200,8 @@ def split_k_reduce_kernel(ws_ptr, rs_ptr, b_ptr, out_ptr, M, N, stride_b, stride
         acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
     m = offs // N
     n = offs % N
+    if HAS_COL_SCALE:
+        acc = acc * tl.load(cs_ptr + n, mask=mask, other=0.0).to(tl.float32)
     if HAS_ROW_SCALE:
         acc = acc * tl.load(rs_ptr + m, mask=mask, other=0.0)
     if HAS_BIAS:

@@ -160,9 +160,10 @@ def test_wgmma_declines_follows_its_constants():
     assert configs.wgmma_declines(configs.WGMMA_SMALL_M + 1, big_n - 8, 4096) != ""
 
 
-def test_registry_cuda_wgmma_a8_runs_only_when_forced(monkeypatch):
-    """The int8 Hopper kernel did not beat triton_a8 on the H200, so the dispatcher passes it over with
-    that reason even where everything it needs is present; forcing it still runs it."""
+def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
+    """With a scale per 128 weights the int8 Hopper kernel did not beat triton_a8 on the H200, so the
+    dispatcher passes it over with that reason even where everything it needs is present; forcing
+    it still runs it. With a scale per row it is the kernel of choice from M = 17."""
     from types import SimpleNamespace
 
     _sm90(monkeypatch)
@@ -172,9 +173,11 @@ def test_registry_cuda_wgmma_a8_runs_only_when_forced(monkeypatch):
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
     x = SimpleNamespace(shape=(2048, 4096), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: 4096)
     w = SimpleNamespace(shape=(14336, 1024), data_ptr=lambda: 0)
-    call = backends.LinearCall(x, w, None, None, 8, "a8")
+    blocks, rows = SimpleNamespace(shape=(14336, 32)), SimpleNamespace(shape=(14336, 1))
+    call = backends.LinearCall(x, w, blocks, None, 8, "a8")
     ok, why = registry._can_cuda_wgmma_a8(call)
     assert not ok and "not faster than triton_a8" in why and "TERNOP_BACKEND=cuda_wgmma_a8" in why
+    assert registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, rows, None, 8, "a8")) == (True, "")
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma_a8")
     assert registry._can_cuda_wgmma_a8(call) == (True, "")
-    assert "activation_bits=16" in registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, None, None, 16, "a8"))[1]
+    assert "activation_bits=16" in registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, blocks, None, 16, "a8"))[1]

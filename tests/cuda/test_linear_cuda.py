@@ -567,6 +567,71 @@ def test_linear_cuda_wgmma_a8_tiles_equal_the_reference_bit_for_bit():
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
 
 
+def _row_scale(n):
+    return (torch.rand(n, 1, device="cuda") * 0.1 + 0.01).half()
+
+
+@pytest.mark.parametrize("name", [None, "triton_a8", *A8_CPP])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, name, dtype):
+    """One scale per row (weight_scale [N, 1]) leaves a kernel no freedom (ternop/activations.py):
+    every W2A8 backend must equal the CPU reference bit for bit, on ragged shapes, strided x, a
+    strided bias, and the split-K launches of the small-M shapes."""
+    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (1, 14336, 520)]:
+        if not _a8_takes(name, m, k):
+            continue
+        v1, _ = _weights(n, k)
+        row = _row_scale(n)
+        packed = layouts.repack(v1, "a8")
+        x = torch.randn(m, 2 * k, device="cuda").to(dtype)[:, :k]
+        bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]
+        if name in A8_CPP:
+            _skip_unavailable(name, x, packed, row, bits=8, layout="a8")
+        _force(monkeypatch, name)
+        y = ternop.linear(x, packed, row, bias, activation_bits=8, layout="a8")
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        bad = (y.cpu() != want).nonzero()
+        assert bad.numel() == 0, (name, m, k, n, len(bad), bad[:4].tolist())
+
+
+def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
+    """Both tiles of the Hopper W2A8 kernel with row scales, odd and even block counts, ragged M and N."""
+    for m, k, n in [(17, 1024, 136), (200, 2048, 520), (1000, 384, 1152), (129, 4096, 256), (300, 640, 200),
+                    (64, 14336, 128)]:  # fmt: skip
+        v1, _ = _weights(n, k)
+        row = _row_scale(n)
+        packed = layouts.repack(v1, "a8")
+        x = torch.randn(m, k, device="cuda")
+        bias = torch.randn(n, device="cuda")
+        _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        from ternop.cuda.launch_fused import quantize_rows
+
+        q, qs = quantize_rows(x)
+        for tile in (0, 1):
+            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, torch.float32, tile).cpu()
+            bad = (y != want).nonzero()
+            assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
+
+
+@pytest.mark.parametrize("m", [3, 200])
+def test_linear_cuda_a8_row_scales_graph_capture_and_compile(m):
+    v1, _ = _weights(520, 1024)
+    packed, row = layouts.repack(v1, "a8"), _row_scale(520)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: ternop.linear(t, packed, row, activation_bits=8, layout="a8"), dynamic=True)
+    assert torch.equal(compiled(x), eager)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_linear_cuda_a8_fused_quantization_equals_the_separate_one(monkeypatch, dtype):
     """The kernel that quantizes x itself gives, bit for bit, what the quantization kernel

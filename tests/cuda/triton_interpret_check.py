@@ -141,6 +141,16 @@ def check_fused() -> bool:
     exact = torch.equal(y, ternop.linear(x, packed, scale, activation_bits=8, layout="a8"))
     print(f"fused a8 split-K: bit for bit {'ok' if exact else 'FAIL'}")
     ok &= exact
+    # One scale per row: the int32 sums run over all of K; no freedom, so bit for bit, with and
+    # without split-K, with a bias.
+    for splits in (1, 4):
+        packed = layouts.repack(random_packed(24, 1024)[0], "a8")
+        row = (torch.rand(24, 1) * 0.1 + 0.01).to(torch.float16)
+        x, bias = torch.randn(3, 1024), torch.randn(24)
+        y = launch_fused.linear_a8(x, packed, row, bias, "a8", C(16, 16, max_split_k=splits))
+        exact = torch.equal(y, ternop.linear(x, packed, row, bias, activation_bits=8, layout="a8"))
+        print(f"fused a8 row scales, split-K up to {splits}: bit for bit {'ok' if exact else 'FAIL'}")
+        ok &= exact
     # Rows longer than one block are read twice (absmax, then rounding).
     from ternop.cuda.triton_fused import quant_rows_kernel
 

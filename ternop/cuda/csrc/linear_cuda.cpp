@@ -20,9 +20,9 @@
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
 // ternary_mma.cu, format v1 or the a16 layout); weight_packed uint8 [N, K/4]; weight_scale
-// fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 op takes
-// x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, and returns
-// [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
+// fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 ops take
+// x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, scales [N, K/128]
+// or [N, 1] (a scale per row, ternop/activations.py), and return [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
 // and quantizes it inside the kernel, with the same result. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
@@ -48,10 +48,10 @@ cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, cons
                                void* out, int M, int N, int K, bool a16, cudaStream_t stream);
 int ternary_mma_a8_max_m();
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
-                                  const __half* ws, const void* bias, void* out, int M, int N, int K,
+                                  const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
                                   cudaStream_t stream);
 bool ternary_mma_a8_fused_takes(int M, int K);
-cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
+cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
                                         const void* bias, void* out, int M, int N, int K, cudaStream_t stream);
 int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile);
 cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
@@ -62,8 +62,8 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
                                  const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
                                  int tile, int sms, cudaStream_t stream);
 cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
-                                    const __half* ws, const void* bias, void* out, int M, int N, int K, int tile,
-                                    int sms, cudaStream_t stream);
+                                    const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
+                                    int tile, int sms, cudaStream_t stream);
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
 }  // namespace ternop
@@ -81,9 +81,10 @@ int dtype_code(at::ScalarType t) {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// Checks weight_packed uint8 [N, K/4] and weight_scale fp16 [N, K/128] (contiguous, weights
-// 16-byte aligned) against K and returns N.
-int64_t check_weights(const char* op, const at::Tensor& weight_packed, const at::Tensor& weight_scale, int64_t K) {
+// Checks weight_packed uint8 [N, K/4] and weight_scale fp16 [N, K/128] (or [N, 1] when
+// `row_scales`; contiguous, weights 16-byte aligned) against K and returns N.
+int64_t check_weights(const char* op, const at::Tensor& weight_packed, const at::Tensor& weight_scale, int64_t K,
+                      bool row_scales = false) {
   TORCH_CHECK(weight_packed.is_cuda() && weight_scale.is_cuda(), op,
               ": weight_packed and weight_scale must be CUDA tensors");
   TORCH_CHECK(K % 128 == 0, op, ": K=", K, " must be a multiple of 128");
@@ -93,13 +94,18 @@ int64_t check_weights(const char* op, const at::Tensor& weight_packed, const at:
               weight_packed.scalar_type(), " ", weight_packed.sizes());
   const int64_t N = weight_packed.size(0);
   TORCH_CHECK(weight_scale.scalar_type() == at::kHalf && weight_scale.dim() == 2 && weight_scale.size(0) == N &&
-                  weight_scale.size(1) == K / 128 && weight_scale.is_contiguous(),
-              op, ": weight_scale must be contiguous float16 [N, K/128] = [", N, ", ", K / 128, "], got ",
-              weight_scale.scalar_type(), " ", weight_scale.sizes());
+                  (weight_scale.size(1) == K / 128 || (row_scales && weight_scale.size(1) == 1)) &&
+                  weight_scale.is_contiguous(),
+              op, ": weight_scale must be contiguous float16 [N, K/128] = [", N, ", ", K / 128, "]",
+              row_scales ? " or [N, 1]" : "", ", got ", weight_scale.scalar_type(), " ", weight_scale.sizes());
   TORCH_CHECK(aligned16(weight_packed), op, ": weight_packed must be 16-byte aligned");
   TORCH_CHECK(N <= INT32_MAX && K <= INT32_MAX, op, ": N and K must fit in int32");
   return N;
 }
+
+// Whether weight_scale holds a scale per row ([N, 1] with more than one block; with one block
+// both forms are the same arithmetic).
+bool row_scaled(const at::Tensor& weight_scale, int64_t K) { return weight_scale.size(1) == 1 && K > 128; }
 
 // The bias as a contiguous [N] tensor of `dtype` (kept alive by the caller), or nullptr.
 const void* bias_pointer(const char* op, const std::optional<at::Tensor>& bias, at::ScalarType dtype, int64_t N,
@@ -127,14 +133,15 @@ void check_x(const char* op, const at::Tensor& x, int max_m, bool fp32) {
 cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // The shared body of the fp16/bf16/fp32-x ops: checks, output allocation, launch(dtype code,
-// bias pointer, out, M, N, K) on the current stream, error check.
+// bias pointer, out, M, N, K) on the current stream, error check. `row_scales`: the kernel also
+// takes weight_scale [N, 1].
 template <typename Launch>
 at::Tensor run_on_x(const char* op, const at::Tensor& x, const at::Tensor& weight_packed,
                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, int max_m, bool fp32,
-                    Launch&& launch) {
+                    Launch&& launch, bool row_scales = false) {
   check_x(op, x, max_m, fp32);
   const int64_t M = x.size(0), K = x.size(1);
-  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K, row_scales);
   at::Tensor keep;
   const void* b = bias_pointer(op, bias, x.scalar_type(), N, keep);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -181,7 +188,7 @@ at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, c
               ": qs must be a contiguous float32 [M] = [", M, "] tensor, got ", qs.scalar_type(), " ", qs.sizes());
   const int code = dtype_code(dtype);
   TORCH_CHECK(code >= 0, op, ": dtype must be float16, bfloat16 or float32, got ", dtype);
-  const int64_t N = check_weights(op, weight_packed, weight_scale, K);
+  const int64_t N = check_weights(op, weight_packed, weight_scale, K, /*row_scales=*/true);
   at::Tensor keep;
   const void* b = bias_pointer(op, bias, dtype, N, keep);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -199,8 +206,8 @@ at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const a
                   ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
                                                          weight_packed.data_ptr<uint8_t>(),
-                                                         reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
-                                                         out, M, N, K, stream_of(q));
+                                                         reinterpret_cast<const __half*>(weight_scale.data_ptr()),
+                                                         row_scaled(weight_scale, K), b, out, M, N, K, stream_of(q));
                   });
 }
 
@@ -216,8 +223,8 @@ at::Tensor linear_cuda_wgmma_a8(const at::Tensor& q, const at::Tensor& qs, const
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_wgmma_a8(
                         q.data_ptr<int8_t>(), qs.data_ptr<float>(), code, weight_packed.data_ptr<uint8_t>(),
-                        reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out, M, N, K,
-                        static_cast<int>(tile), sms, stream_of(q));
+                        reinterpret_cast<const __half*>(weight_scale.data_ptr()), row_scaled(weight_scale, K), b,
+                        out, M, N, K, static_cast<int>(tile), sms, stream_of(q));
                   });
 }
 
@@ -231,8 +238,10 @@ at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weigh
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8_fused(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
                                                                reinterpret_cast<const __half*>(weight_scale.data_ptr()),
-                                                               b, out, M, N, K, stream_of(x));
-                  });
+                                                               row_scaled(weight_scale, K), b, out, M, N, K,
+                                                               stream_of(x));
+                  },
+                  /*row_scales=*/true);
 }
 
 at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,

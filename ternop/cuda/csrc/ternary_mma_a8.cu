@@ -161,8 +161,8 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
 template <typename T, int NT, bool kFused>
 __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma_a8_kernel(
     const int8_t* __restrict__ q, const float* __restrict__ qs, const T* __restrict__ x,
-    const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
-    int M, int N, int K) {
+    const uint8_t* __restrict__ wp, const __half* __restrict__ ws, bool row, const T* __restrict__ bias,
+    T* __restrict__ out, int M, int N, int K) {
   __shared__ float red[kMaxWarpsA8 - 1][NT * 4][32];
   extern __shared__ __align__(16) int8_t xq_shared[];  // kFused: the quantized rows, [M, K]
   __shared__ float qs_shared[kFusedMaxM];
@@ -182,8 +182,11 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
   const size_t row_bytes = static_cast<size_t>(K) / 4;
   const uint8_t* pw0 = wp + static_cast<size_t>(row0 < N ? row0 : 0) * row_bytes + b_begin * 32 + 8 * qd;
   const uint8_t* pw1 = wp + static_cast<size_t>(row1 < N ? row1 : 0) * row_bytes + b_begin * 32 + 8 * qd;
-  const __half* ps0 = ws + static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
-  const __half* ps1 = ws + static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
+  // Row scales (ws [N, 1], `row`): every block is scaled by 1, exactly, so acc sums the int32
+  // partials over all of K (exact while |S| < 2^24), and the row's scale multiplies at the end.
+  const __half one = __float2half(1.f);
+  const __half* ps0 = ws + (row ? 0 : static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin);
+  const __half* ps1 = ws + (row ? 0 : static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin);
   const uint32_t table = kTable;
 
   float acc[NT][4];
@@ -199,8 +202,8 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
     if (u < count) {
       wbuf[u][0] = load_stream8_a8(pw0 + 32 * u);
       wbuf[u][1] = load_stream8_a8(pw1 + 32 * u);
-      sbuf[u][0] = ps0[u];
-      sbuf[u][1] = ps1[u];
+      sbuf[u][0] = row ? one : ps0[u];
+      sbuf[u][1] = row ? one : ps1[u];
     }
   }
 
@@ -223,8 +226,8 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
       if (u + kDepthA8 < left) {
         wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + kDepthA8));
         wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + kDepthA8));
-        sbuf[u][0] = ps0[u + kDepthA8];
-        sbuf[u][1] = ps1[u + kDepthA8];
+        sbuf[u][0] = row ? one : ps0[u + kDepthA8];
+        sbuf[u][1] = row ? one : ps1[u + kDepthA8];
       }
 
       uint32_t xw[NT][8];
@@ -299,7 +302,9 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
         } else {
           sx = qs[m];
         }
-        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] * sx + bv);
+        const float a = row ? __fmul_rn(acc[t][r], __half2float(ws[n])) : acc[t][r];
+        // Two roundings, as the spec has them (no contraction into one FMA).
+        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(a, sx), bv));
       }
     }
 }
@@ -312,18 +317,18 @@ int warps_for_a8(int blocks) {
 
 template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
-                        const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
+                        bool row, const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 15) / 16);
   const dim3 block(32 * warps_for_a8(K / 128));
   if (x != nullptr) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
     ternary_mma_a8_kernel<T, 1, true><<<grid, block, static_cast<size_t>(M) * K, stream>>>(
-        nullptr, nullptr, x, wp, ws, bt, ot, M, N, K);
+        nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K);
   } else if (M <= 8) {
-    ternary_mma_a8_kernel<T, 1, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, bt, ot, M, N, K);
+    ternary_mma_a8_kernel<T, 1, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K);
   } else {
-    ternary_mma_a8_kernel<T, 2, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, bt, ot, M, N, K);
+    ternary_mma_a8_kernel<T, 2, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K);
   }
   return cudaGetLastError();
 }
@@ -334,16 +339,17 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 int ternary_mma_a8_max_m() { return 16; }
 
 // q: int8 [M, K] row-major, 16-byte aligned; qs: fp32 [M]; wp: uint8 [N, K/4] in the a8
-// layout, 16-byte aligned; ws: fp16 [N, K/128]; bias: [N] in the output dtype or nullptr;
+// layout, 16-byte aligned; ws: fp16 [N, K/128], or [N, 1] when `row` (a scale per row,
+// ternop/activations.py); bias: [N] in the output dtype or nullptr;
 // out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
 // 1 <= M <= 16.
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
-                                  const __half* ws, const void* bias, void* out, int M, int N, int K,
+                                  const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
                                   cudaStream_t stream) {
   if (!valid_shape(M, ternary_mma_a8_max_m(), N, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_a8_t<T>(q, qs, nullptr, wp, ws, bias, out, M, N, K, stream);
+    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, stream);
   });
 }
 
@@ -354,12 +360,12 @@ bool ternary_mma_a8_fused_takes(int M, int K) {
 
 // The same product from x itself: x [M, K] of dtype x_dtype, contiguous and 16-byte aligned,
 // quantized per token inside the kernel exactly as ternop/activations.py says; out in x's dtype.
-cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws,
+cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
                                         const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
   if (!valid_shape(M, kFusedMaxM, N, K) || !ternary_mma_a8_fused_takes(M, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(x_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, bias, out, M, N, K, stream);
+    return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, row, bias, out, M, N, K, stream);
   });
 }
 

@@ -153,7 +153,29 @@ __device__ __forceinline__ void turn_pass(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumersA8) : "memory");
 }
 
-template <typename T, typename Cfg>
+// Row scales (ws fp16 [N, 1]; kRow): the int32 sums run over all of K in the wgmma accumulators and
+// are scaled once in the epilogue, fp32(fp32(S) * s_w[n]) * s_x[m] as ternop/activations.py says.
+// Nothing is left for the CUDA cores per block but decoding, so the warpgroups need no turns: each
+// decodes its next block into a second set of A registers while its own wgmmas run.
+template <int BT>
+__device__ __forceinline__ void row_step(int kb, int blocks, uint32_t stage, uint32_t full_next, uint32_t parity_next,
+                                         uint32_t empty, const uint8_t* next_codes, uint32_t shift, int lane,
+                                         int32_t (&part)[BT / 2],
+                                         const uint32_t (&a)[4][4], uint32_t (&a_next)[4][4]) {
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) WgmmaS8<BT>::run(kb > 0 || s > 0, part, a[s], b_desc(stage + s * 32));
+  wgmma_commit();
+  if (kb + 1 < blocks) {
+    mbar_wait(full_next, parity_next);
+    decode_block_a8(next_codes, shift, a_next);
+  }
+  wgmma_wait<0>();
+  fence_acc(part);
+  if (lane == 0) mbar_arrive(empty);  // this warp is done with the stage
+}
+
+template <typename T, typename Cfg, bool kRow>
 __global__ void __launch_bounds__(kThreadsA8, 1)
     ternary_wgmma_a8_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap c_map,
                             const float* __restrict__ qs, const __half* __restrict__ ws, const T* __restrict__ bias,
@@ -198,6 +220,46 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
   const int g = lane / 4, q = lane % 4;
   const int row = 16 * warp + g;  // this lane's rows of the CTA: row and row + 8
   const uint32_t shift = (q & 1) * 2 + (q >> 1) * 16;  // 0, 2, 16, 18
+
+  if constexpr (kRow) {
+    int32_t part[R];
+    uint32_t a0[4][4], a1[4][4];
+    mbar_wait(full0, 0);
+    decode_block_a8(smem + Cfg::kXBytes + row * 32, shift, a0);
+    // Two blocks an iteration, so that the A registers alternate without being indexed.
+    for (int kb = 0; kb < blocks; kb += 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int b = kb + h;
+        if (b >= blocks) break;
+        const int slot = b % kStages, next = (b + 1) % kStages;
+        const uint32_t stage = base + slot * Cfg::kStageBytes;
+        const uint8_t* next_codes = smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32;
+        const uint32_t parity = ((b + 1) / kStages) & 1;
+        if (h == 0)
+          row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
+                       a0, a1);
+        else
+          row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
+                       a1, a0);
+      }
+    }
+    // part[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int n = n0 + row + 8 * (r / 2);
+        const int m = m0 + 8 * j + 2 * q + (r & 1);
+        if (n < N && m < M) {
+          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+          const float sw = __fmul_rn(static_cast<float>(part[4 * j + r]), __half2float(ws[n]));
+          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(sw, qs[m]), bv));
+        }
+      }
+    return;
+  }
+
   const __half* sc0p = ws + static_cast<int64_t>(min(n0 + row, N - 1)) * blocks;
   const __half* sc1p = ws + static_cast<int64_t>(min(n0 + row + 8, N - 1)) * blocks;
   const int my_turn = 1 + wg, other_turn = 2 - wg;
@@ -262,9 +324,9 @@ constexpr int kA8Tiles = 2;
 constexpr int kA8Tokens[kA8Tiles] = {A8Tile0::BT, A8Tile1::BT};
 
 template <typename T, typename Cfg>
-cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias,
-                            T* out, int M, int N, int K, cudaStream_t stream) {
-  auto kernel = ternary_wgmma_a8_kernel<T, Cfg>;
+cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, bool row,
+                            const T* bias, T* out, int M, int N, int K, cudaStream_t stream) {
+  auto kernel = row ? ternary_wgmma_a8_kernel<T, Cfg, true> : ternary_wgmma_a8_kernel<T, Cfg, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap q_map, c_map;
@@ -288,10 +350,11 @@ int ternary_wgmma_a8_tile(int M, int N, int sms, int tile) {
 }
 
 // q int8 [M, K] contiguous, 16-byte aligned; qs fp32 [M]; wp uint8 [N, K/4] in the a8 layout;
-// ws fp16 [N, K/128]; bias [N] in the output dtype or nullptr; out [M, N] in `out_dtype`.
+// ws fp16 [N, K/128], or [N, 1] when `row` (a scale per row); bias [N] in the output dtype or
+// nullptr; out [M, N] in `out_dtype`.
 cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
-                                    const __half* ws, const void* bias, void* out, int M, int N, int K, int tile,
-                                    int sms, cudaStream_t stream) {
+                                    const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
+                                    int tile, int sms, cudaStream_t stream) {
   if (M < 1 || N < 1 || K < 128 || K % 128) return cudaErrorInvalidValue;
   // The tensor maps' bases.
   if (reinterpret_cast<uintptr_t>(q) % 16 || reinterpret_cast<uintptr_t>(wp) % 16) return cudaErrorInvalidValue;
@@ -300,8 +363,8 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
     if (ternary_wgmma_a8_tile(M, N, sms, tile) == 0)
-      return launch_wgmma_a8<T, A8Tile0>(q, qs, wp, ws, bt, ot, M, N, K, stream);
-    return launch_wgmma_a8<T, A8Tile1>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+      return launch_wgmma_a8<T, A8Tile0>(q, qs, wp, ws, row, bt, ot, M, N, K, stream);
+    return launch_wgmma_a8<T, A8Tile1>(q, qs, wp, ws, row, bt, ot, M, N, K, stream);
   });
 }
 
