@@ -9,7 +9,9 @@ layers (K/tp must be a multiple of 128 so that byte and block boundaries fall on
 
 After loading, the codes are repacked once, in place, into the layout the device's kernels
 read fastest (``ternop.layouts.preferred_layout``: "a16" or "a8" on CUDA, format v1 on CPU);
-a weight reload loads v1 bytes again and is repacked again.
+a weight reload loads v1 bytes again and is repacked again. With int8 activations, a layer
+whose rows each share one scale also keeps that scale as ``ternop_row_scale`` [N, 1], the
+form the W2A8 kernels sum over all of K (``ternop.activations``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 import ternop  # noqa: F401  (registers torch.ops.ternop.linear)
+from ternop.activations import row_scales
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, PACKED_DTYPE, SCALE_DTYPE, FormatError, validate
 from ternop.layouts import preferred_layout, repack
 from ternop.vllm_plugin._compat import (
@@ -121,6 +124,14 @@ class TernaryLinearMethod(LinearMethodBase):
         layout = preferred_layout(bits, device)
         if layout != "v1":
             layer.weight_packed.data = repack(layer.weight_packed.data, layout)
+        # With int8 activations, rows whose blocks share one scale (BitNet-style checkpoints,
+        # `ternop quantize --scales row`) run with a scale per row: int32 sums over all of K and
+        # one scaling per output (ternop/activations.py). weight_scale keeps its shape, so that a
+        # reload still fits it.
+        tied = row_scales(layer.weight_scale.data) if bits == 8 else None
+        layer.ternop_row_scaled = tied is not None
+        if tied is not None:
+            layer.register_buffer("ternop_row_scale", tied, persistent=False)
         layer.ternop_layout = layout
         layer.ternop_activation_bits = bits
         bias = getattr(layer, "bias", None)
@@ -130,6 +141,6 @@ class TernaryLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.
-        return torch.ops.ternop.linear(
-            x, layer.weight_packed, layer.weight_scale, bias, layer.ternop_activation_bits, layer.ternop_layout
-        )
+        scale = layer.ternop_row_scale if layer.ternop_row_scaled else layer.weight_scale
+        return torch.ops.ternop.linear(x, layer.weight_packed, scale, bias, layer.ternop_activation_bits,
+                                       layer.ternop_layout)

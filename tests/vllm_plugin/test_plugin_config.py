@@ -108,7 +108,7 @@ def test_create_weights_rejects_k_per_rank_not_multiple_of_128():
         L.RowParallelLinear(384, 256, bias=False, quant_config=cfg, prefix="model.layers.3.self_attn.o_proj")
 
 
-def _loaded_column(params_dtype: torch.dtype, bias: bool = True, activation_bits: int = 16):
+def _loaded_column(params_dtype: torch.dtype, bias: bool = True, activation_bits: int = 16, tied: bool = False):
     from ternop.quantize import quantize_weight
 
     cfg = TernaryConfig(activation_bits=activation_bits)
@@ -116,6 +116,8 @@ def _loaded_column(params_dtype: torch.dtype, bias: bool = True, activation_bits
         layer = L.ColumnParallelLinear(256, 384, bias=bias, quant_config=cfg, prefix="layers.0.fc",
                                        params_dtype=params_dtype, return_bias=False)  # fmt: skip
     packed, scale = quantize_weight(torch.randn(384, 256), "optimal")
+    if tied:  # every block of a row with the row's first scale
+        scale = scale[:, :1].expand(-1, scale.shape[1]).contiguous()
     layer.weight_packed.weight_loader(layer.weight_packed, packed)
     layer.weight_scale.weight_loader(layer.weight_scale, scale)
     if bias:
@@ -174,3 +176,23 @@ def test_apply_runs_the_checkpoints_activation_bits():
     x = torch.randn(5, 256) * 4
     want = linear_a8_fp64(x, packed, scale, layer.bias)
     torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a8_rows_with_one_scale_run_as_row_scales_and_still_reload():
+    """Tied scales under int8 activations run the row form (int32 over all of K); the loaded
+    parameter keeps its [N, K/128] shape, so that loading again still fits it."""
+    from tests.reference import linear_a8_row_scales_np
+
+    layer, packed, scale = _loaded_column(torch.float32, activation_bits=8, tied=True)
+    assert layer.ternop_row_scaled and tuple(layer.ternop_row_scale.shape) == (384, 1)
+    assert tuple(layer.weight_scale.shape) == (384, 2)
+    x = torch.randn(5, 256) * 4
+    want = torch.from_numpy(linear_a8_row_scales_np(x, packed, scale[:, :1], layer.bias))
+    assert torch.equal(layer(x), want)
+    # Untied scales (a reload of other weights) go back to the block form.
+    layer.weight_scale.weight_loader(layer.weight_scale, scale * torch.tensor([1.0, 0.5], dtype=scale.dtype))
+    layer.quant_method.process_weights_after_loading(layer)
+    assert not layer.ternop_row_scaled
+    # 16-bit activations never need the row form.
+    layer16, _, _ = _loaded_column(torch.float32, activation_bits=16, tied=True)
+    assert not layer16.ternop_row_scaled
