@@ -17,7 +17,8 @@ Method (as a server runs: no per-call syncs):
 Implementations: the dispatcher (what ``ternop.linear`` picks from M) as a served model
 calls it: ``ternop`` (16-bit activations, weights repacked to the a16 layout), ``ternop_v1``
 (the same on format-v1 weights as stored) and ``ternop_a8`` (int8 activations, a8 layout,
-per-token quantization included); every backend that can run the call, forced
+per-token quantization included), ``ternop_a8_row`` (the same with one scale per weight row,
+``weight_scale`` [N, 1]); every backend that can run the call, forced
 (``backend:<name>[<layout>]``); ``cublas_bf16`` (F.linear on bf16 weights) and
 ``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call); and, when
 vLLM is importable, ``marlin_w4a16``: vLLM's Marlin kernel on GPTQ int4 weights (group 128,
@@ -134,24 +135,25 @@ def make_marlin(k: int, n: int, copies: int):
 def impls(x, tern, dense, marlin=None):
     """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies."""
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
-    v1, a16, a8 = tern["v1"], tern["a16"], tern["a8"]
+    v1, a16, a8, a8r = tern["v1"], tern["a16"], tern["a8"], tern["a8 row"]
     res = {
         "cublas_bf16": (lambda i: F.linear(x, dense[i % len(dense)]), len(dense)),
         "dequant_bf16": (lambda i: F.linear(x, dequant(*v1[i % len(v1)], shifts)), len(dense)),
         "ternop": (lambda i: ternop.linear(x, *a16[i % len(a16)], layout="a16"), len(a16)),
         "ternop_v1": (lambda i: ternop.linear(x, *v1[i % len(v1)]), len(v1)),
         "ternop_a8": (lambda i: ternop.linear(x, *a8[i % len(a8)], activation_bits=8, layout="a8"), len(a8)),
+        "ternop_a8_row": (lambda i: ternop.linear(x, *a8r[i % len(a8r)], activation_bits=8, layout="a8"), len(a8r)),
     }
     if marlin is not None:
         marlin_call, copies = marlin
         res["marlin_w4a16"] = (lambda i: marlin_call(x, i), copies)
     for b in backends.available("cuda"):
-        for bits, layout in ((16, "a16"), (16, "v1"), (8, "a8")):
-            w = tern[layout]
+        for bits, weights in ((16, "a16"), (16, "v1"), (8, "a8"), (8, "a8 row")):
+            w, layout = tern[weights], weights.split()[0]
             call = backends.LinearCall(x, *w[0], None, bits, layout)
             ok, _ = b.can_implement(call)
             if ok and not (layout == "v1" and any(k.startswith(f"backend:{b.name}[") for k in res)):
-                res[f"backend:{b.name}[{layout}]"] = (
+                res[f"backend:{b.name}[{weights}]"] = (
                     (lambda b, w, bits, layout: lambda i: b.run(
                         backends.LinearCall(x, *w[i % len(w)], None, bits, layout)))(b, w, bits, layout),
                     len(w),
@@ -180,6 +182,7 @@ def run_bench(args, save=None) -> dict:
             base = make_weights(k, n, copies_for(tern_bytes))
             tern = {lay: [(layouts.repack(p, lay), s) for p, s in base] for lay in ("a16", "a8")}
             tern["v1"] = base
+            tern["a8 row"] = [(p, s[:, :1].contiguous()) for p, s in tern["a8"]]  # a scale per row
             dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
             marlin = make_marlin(k, n, copies_for(n * k // 2)) if args.marlin else None
             for m in args.ms:
@@ -199,11 +202,12 @@ def run_bench(args, save=None) -> dict:
                         "TFLOPs": round(2 * m * n * k / us / 1e6, 2),
                     })
                 best = min([(v, kname) for kname, v in row.items()
-                            if kname.startswith("backend:") and not kname.endswith("[a8]")] or [(math.inf, "-")])
+                            if kname.startswith("backend:") and "[a8" not in kname] or [(math.inf, "-")])
                 tern_us, a8_us = row.get("ternop", math.inf), row.get("ternop_a8", math.inf)
+                a8r_us = row.get("ternop_a8_row", math.inf)
                 marlin_us = row.get("marlin_w4a16", math.inf)
                 print(f"{family:5s} {k:6d}->{n:6d} M={m:5d}  bf16 {base:9.2f} us  ternop {tern_us:9.2f} us "
-                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  marlin x{base / marlin_us:5.2f}  "
+                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  a8 row x{base / a8r_us:5.2f}  marlin x{base / marlin_us:5.2f}  "
                       f"best a16 {best[1][8:]} x{base / best[0]:5.2f}",
                       flush=True)
             del tern, dense, base, marlin
@@ -224,8 +228,8 @@ def _report(results: list, complete: bool) -> dict:
         "triton": _triton_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": "CUDA-graph replays of R calls over R rotated weight copies (> 2x the 50 MB L2), "
-                  "CUDA events, median of 7 replays after 2 warm-ups; x and out in bf16; ternop_a8 includes "
-                  "the per-token quantization of x",
+                  "CUDA events, median of 7 replays after 2 warm-ups; x and out in bf16; ternop_a8 and "
+                  "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
         "results": results,
     }

@@ -1,12 +1,13 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
-        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8]
+        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8] [--a8-scales block|row]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
           intermediate 3072, vocab 151936), `convert="embed"`, last-token pooling: bf16, ternary
-          (16-bit activations) and ternary with int8 activations ("activation_bits": 8), all
+          (16-bit activations) and ternary with int8 activations ("activation_bits": 8; with
+          --a8-scales row its blocks share one scale per row, ternary_a8_row), all
           written here with random weights. All models are loaded at once, one process each,
           and the runs are interleaved: each round runs every workload on every model (the
           order of the models rotates), with prompts drawn anew for each round, so neither the
@@ -24,8 +25,8 @@ Workloads (random weights; speed does not depend on their values):
           folder's weight files, with "activation_bits": 8 in its config.
 - bitnet: a BitNet-b1.58-2B-4T-shaped BitNetForCausalLM (hidden 2560, 30 layers, 20/5 heads,
           head_dim 128, intermediate 6912, vocab 128256, squared-ReLU MLP, the two sub-norms per
-          layer, tied embeddings), random ternary weights with int8 activations (as BitNet defines
-          the model), served by the plugin's BitNet model; measured as the decode workload.
+          layer, tied embeddings), random ternary weights with int8 activations and one scale a
+          row (as BitNet defines the model, which has one a tensor), served by the plugin's BitNet model; measured as the decode workload.
           The bf16 baseline is a LlamaForCausalLM of the same widths, depth, heads, vocab and tied
           embeddings, loaded with vLLM's dummy loader: the plugin's BitNet model serves only
           ternary checkpoints, and Llama is the architecture BitNet's is built on. It has no
@@ -142,9 +143,9 @@ def _norm_shapes(shape: dict, arch: str) -> dict[str, int]:
 
 
 def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, dtype_name: str = "bfloat16",
-                activation_bits: int = 16, arch: str = "qwen3") -> Path:
+                activation_bits: int = 16, arch: str = "qwen3", row_scales: bool = False) -> Path:
     """A random folder of ``arch`` (ARCHS): bf16 weights, ternary (format v1, random codes), or config only
-    (dummy load)."""
+    (dummy load). ``row_scales``: every 128-block of a row carries the row's one scale."""
     import torch
     from safetensors.torch import save_file
 
@@ -208,8 +209,8 @@ def write_model(dst: Path, shape: dict, *, ternary: bool, weights: bool = True, 
             codes = torch.randint(0, 3, (n_out, k_in), generator=g, dtype=torch.uint8, device=dev)
             packed = codes[:, 0::4] | codes[:, 1::4] << 2 | codes[:, 2::4] << 4 | codes[:, 3::4] << 6
             add(prefix + ".weight_packed", packed.contiguous().cpu())
-            scale = torch.rand(n_out, k_in // 128, generator=g, device=dev) * 0.02 + 0.01
-            add(prefix + ".weight_scale", scale.half().cpu())
+            scale = torch.rand(n_out, 1 if row_scales else k_in // 128, generator=g, device=dev) * 0.02 + 0.01
+            add(prefix + ".weight_scale", scale.expand(n_out, k_in // 128).half().contiguous().cpu())
         else:
             add(prefix + ".weight", rand(n_out, k_in))
     flush()
@@ -471,8 +472,9 @@ def run_decode(args, work: Path, report: dict, workload: str) -> None:
         models = [
             ("bf16", write_model(work / "bitnet-bf16-llama", shape, ternary=False, weights=False, dtype_name=dtype,
                                  arch="llama"), True),  # fmt: skip
+            # BitNet b1.58 has one weight scale per tensor: its blocks share scales, as here per row.
             ("ternary_a8", write_model(work / "bitnet-ternary-a8", shape, ternary=True, dtype_name=dtype,
-                                       activation_bits=8, arch="bitnet"), False),  # fmt: skip
+                                       activation_bits=8, arch="bitnet", row_scales=True), False),  # fmt: skip
         ]
     res = report[workload] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                               "decode_runs": args.decode_runs, "models": [m[0] for m in models]}  # fmt: skip
@@ -511,6 +513,9 @@ def main() -> None:
     parser.add_argument("--decode-runs", type=int, default=3, help="timed runs per batch of the decode workloads")
     parser.add_argument("--no-a8", action="store_true",
                         help="leave out the int8-activation ternary model (embed, decode)")
+    parser.add_argument("--a8-scales", choices=["block", "row"], default="block",
+                        help="the embedding A8 model's scales: one per 128 weights (ternary_a8), or one per row, "
+                             "which the int8 kernels sum over all of K (ternary_a8_row)")
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -595,8 +600,10 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     folders = {"bf16": write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype),
                "ternary": write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)}  # fmt: skip
     if not args.no_a8:
-        folders["ternary_a8"] = write_model(work / "embed-ternary-a8", shape, ternary=True, dtype_name=args.dtype,
-                                            activation_bits=8)  # fmt: skip
+        row = args.a8_scales == "row"
+        folders["ternary_a8_row" if row else "ternary_a8"] = write_model(
+            work / f"embed-ternary-a8-{args.a8_scales}", shape, ternary=True, dtype_name=args.dtype, activation_bits=8,
+            row_scales=row)
     res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                              "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "models": {}}  # fmt: skip
     workers = {}

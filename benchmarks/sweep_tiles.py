@@ -1,6 +1,6 @@
 """Times every tile of the mid-M and Hopper CUDA kernels against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8] [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -13,7 +13,8 @@ output is first checked against ``F.linear`` on the dequantized weights (``max_r
 ``--kernel wgmma`` does the same for the Hopper kernel (``ternop/cuda/csrc/ternary_wgmma.cu``,
 tiles 0-4, ``WgTile0``-``WgTile4`` there; ``auto_wgmma_tile`` picks one), and ``--kernel wgmma_a8``
 for its W2A8 form (``ternary_wgmma_a8.cu``, tiles 0 and 1, 64 and 128 tokens; each time includes
-the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x).
+the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x);
+``--kernel wgmma_a8_row`` times that kernel with one scale per weight row (``weight_scale`` [N, 1]).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-# kernel -> (op name, number of tiles, weight layout)
+# kernel -> (op name, number of tiles, weight layout, one scale per row)
 KERNELS = {
-    "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16"),
-    "wgmma": ("linear_cuda_wgmma", 5, "a16"),
-    "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8"),
+    "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
+    "wgmma": ("linear_cuda_wgmma", 5, "a16", False),
+    "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
+    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 2, "a8", True),
 }
 
 
@@ -57,13 +59,15 @@ def _caller(op, layout: str):
 
 def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])
-    op_name, tiles, layout = KERNELS[kernel]
+    op_name, tiles, layout, row_scales = KERNELS[kernel]
     call = _caller(getattr(torch.ops.ternop, op_name), layout)
     results = []
     for family, shapes in SHAPES.items():
         for k, n in shapes:
             base = make_weights(k, n, copies_for(n * k // 4 + 2 * n * (k // 128)))
-            packed = [(layouts.repack(p, layout), s) for p, s in base]
+            if row_scales:  # every block of a row takes the row's first scale; the kernel reads [N, 1]
+                base = [(p, s[:, :1].expand(-1, k // 128).contiguous()) for p, s in base]
+            packed = [(layouts.repack(p, layout), s[:, :1].contiguous() if row_scales else s) for p, s in base]
             dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
