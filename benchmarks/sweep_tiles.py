@@ -14,7 +14,8 @@ output is first checked against ``F.linear`` on the dequantized weights (``max_r
 tiles 0-4, ``WgTile0``-``WgTile4`` there; ``auto_wgmma_tile`` picks one), and ``--kernel wgmma_a8``
 for its W2A8 form (``ternary_wgmma_a8.cu``, tiles 0 and 1, 64 and 128 tokens; each time includes
 the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x);
-``--kernel wgmma_a8_row`` times that kernel with one scale per weight row (``weight_scale`` [N, 1]).
+``--kernel wgmma_a8_row`` times that kernel with one scale per weight row (``weight_scale`` [N, 1];
+tiles 0-3, the last two for row scales only: 192 weight rows at 128 tokens, 256 at 64).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
     "wgmma": ("linear_cuda_wgmma", 5, "a16", False),
     "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
-    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 2, "a8", True),
+    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 4, "a8", True),
 }
 
 

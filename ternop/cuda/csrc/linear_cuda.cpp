@@ -103,9 +103,9 @@ int64_t check_weights(const char* op, const at::Tensor& weight_packed, const at:
   return N;
 }
 
-// Whether weight_scale holds a scale per row ([N, 1] with more than one block; with one block
-// both forms are the same arithmetic).
-bool row_scaled(const at::Tensor& weight_scale, int64_t K) { return weight_scale.size(1) == 1 && K > 128; }
+// Whether weight_scale holds a scale per row ([N, 1]; with one block, K = 128, both forms are the
+// same arithmetic).
+bool row_scaled(const at::Tensor& weight_scale, int64_t K) { return weight_scale.dim() == 2 && weight_scale.size(1) == 1; }
 
 // The bias as a contiguous [N] tensor of `dtype` (kept alive by the caller), or nullptr.
 const void* bias_pointer(const char* op, const std::optional<at::Tensor>& bias, at::ScalarType dtype, int64_t N,
@@ -215,6 +215,8 @@ at::Tensor linear_cuda_wgmma_a8(const at::Tensor& q, const at::Tensor& qs, const
                                 const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                                 at::ScalarType dtype, int64_t tile) {
   const char* op = "ternop.linear_cuda_wgmma_a8";
+  TORCH_CHECK(tile >= -1 && tile <= 3 && (tile < 2 || row_scaled(weight_scale, q.size(1))), op,
+              ": tile must be -1 (the kernel's choice), 0 or 1, or with row scales 2 or 3; got ", tile);
   int sms = 0;
   TORCH_CHECK(q.is_cuda() && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device().index()) ==
                                  cudaSuccess,

@@ -43,10 +43,7 @@ namespace ternop {
 
 namespace {
 
-constexpr int kRowsA8 = 128;                  // weight rows of a CTA, 64 a consumer warpgroup
-constexpr int kConsumersA8 = 256;             // two consumer warpgroups
-constexpr int kThreadsA8 = kConsumersA8 + 32;  // and the producer warp
-constexpr int kCodeBytesA8 = kRowsA8 * 32;     // a block's codes in shared memory, 32 bytes a row
+constexpr int kConsumersA8 = 256;  // the turn-taking (block-scale) form: two consumer warpgroups
 constexpr uint32_t kTableA8 = 0x00FF0100u;     // int8 value of code 0b00, 0b01, 0b10, 0b11
 
 // d[64 rows x BT tokens] = A (s8 registers, 64 x 32) * B (s8 descriptor, 32 x BT) (+ d when
@@ -105,11 +102,16 @@ struct WgmmaS8 {
 };
 #endif
 
-template <int BT_, int kStages_>
+// A CTA's tile: BT tokens, kGroups consumer warpgroups of 64 weight rows each, kStages stages.
+template <int BT_, int kStages_, int kGroups_ = 2>
 struct A8Tile {
-  static constexpr int BT = BT_, kStages = kStages_;
+  static constexpr int BT = BT_, kStages = kStages_, kGroups = kGroups_;
+  static constexpr int kRows = 64 * kGroups;           // weight rows of a CTA
+  static constexpr int kConsumers = 128 * kGroups;     // consumer threads
+  static constexpr int kThreads = kConsumers + 32;     // and the producer warp
+  static constexpr int kCodeBytes = kRows * 32;        // a block's codes in shared memory, 32 bytes a row
   static constexpr int kXBytes = BT * 128;  // one block of q: 128 int8 a token
-  static constexpr int kStageBytes = (kXBytes + kCodeBytesA8 + 1023) / 1024 * 1024;
+  static constexpr int kStageBytes = (kXBytes + kCodeBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
@@ -176,7 +178,7 @@ __device__ __forceinline__ void row_step(int kb, int blocks, uint32_t stage, uin
 }
 
 template <typename T, typename Cfg, bool kRow>
-__global__ void __launch_bounds__(kThreadsA8, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
     ternary_wgmma_a8_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap c_map,
                             const float* __restrict__ qs, const __half* __restrict__ ws, const T* __restrict__ bias,
                             T* __restrict__ out, int M, int N, int K) {
@@ -194,21 +196,22 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);               // the producer's expect_tx arrival
-      mbar_init(empty0 + 8 * s, kConsumersA8 / 32);  // one arrival a consumer warp
+      mbar_init(empty0 + 8 * s, Cfg::kConsumers / 32);  // one arrival a consumer warp
     }
     mbar_init_fence();
   }
   __syncthreads();
 
-  const int n0 = blockIdx.x * kRowsA8, m0 = blockIdx.y * BT;
+  static_assert(kRow || Cfg::kGroups == 2, "the block-scale form takes turns between two warpgroups");
+  const int n0 = blockIdx.x * Cfg::kRows, m0 = blockIdx.y * BT;
   const int blocks = K / 128;
-  if (threadIdx.x >= kConsumersA8) {  // the producer warp; one lane issues the loads
-    if (threadIdx.x == kConsumersA8) {
+  if (threadIdx.x >= Cfg::kConsumers) {  // the producer warp; one lane issues the loads
+    if (threadIdx.x == Cfg::kConsumers) {
       for (int kb = 0; kb < blocks; ++kb) {
         const int slot = kb % kStages, round = kb / kStages;
         if (round > 0) mbar_wait(empty0 + 8 * slot, (round - 1) & 1);
         const uint32_t stage = base + slot * Cfg::kStageBytes, full = full0 + 8 * slot;
-        mbar_expect(full, Cfg::kXBytes + kCodeBytesA8);
+        mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
         tma_load(stage, &q_map, kb * 128, m0, full);
         tma_load(stage + Cfg::kXBytes, &c_map, kb * 32, n0, full);
       }
@@ -223,9 +226,29 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
 
   if constexpr (kRow) {
     int32_t part[R];
-    uint32_t a0[4][4], a1[4][4];
+    uint32_t a0[4][4];
     mbar_wait(full0, 0);
     decode_block_a8(smem + Cfg::kXBytes + row * 32, shift, a0);
+    if constexpr (Cfg::kGroups > 2) {
+      // Three or four warpgroups: registers for one set of A fragments only; while one
+      // warpgroup decodes after its wait, the others' wgmmas keep the tensor cores busy.
+      for (int b = 0; b < blocks; ++b) {
+        const int slot = b % kStages, next = (b + 1) % kStages;
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          WgmmaS8<BT>::run(b > 0 || s > 0, part, a0[s], b_desc(base + slot * Cfg::kStageBytes + s * 32));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc(part);
+        if (lane == 0) mbar_arrive(empty0 + 8 * slot);
+        if (b + 1 < blocks) {
+          mbar_wait(full0 + 8 * next, ((b + 1) / kStages) & 1);
+          decode_block_a8(smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32, shift, a0);
+        }
+      }
+    } else {
+    uint32_t a1[4][4];
     // Two blocks an iteration, so that the A registers alternate without being indexed.
     for (int kb = 0; kb < blocks; kb += 2) {
 #pragma unroll
@@ -243,6 +266,7 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
           row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
                        a1, a0);
       }
+    }
     }
     // part[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
 #pragma unroll
@@ -320,38 +344,47 @@ __global__ void __launch_bounds__(kThreadsA8, 1)
 
 using A8Tile0 = A8Tile<64, 8>;
 using A8Tile1 = A8Tile<128, 8>;
-constexpr int kA8Tiles = 2;
-constexpr int kA8Tokens[kA8Tiles] = {A8Tile0::BT, A8Tile1::BT};
+// Row scales only (no turns): more weight rows a CTA, so that each token block is read from L2
+// fewer times: 192 rows at 128 tokens (three consumer warpgroups: 416 threads leave 128 registers
+// a thread; four at 128 tokens would leave 96 and spill) and 256 rows at 64 tokens.
+using A8Tile2 = A8Tile<128, 8, 3>;
+using A8Tile3 = A8Tile<64, 8, 4>;
+constexpr int kA8Tiles = 4;
 
-template <typename T, typename Cfg>
-cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, bool row,
-                            const T* bias, T* out, int M, int N, int K, cudaStream_t stream) {
-  auto kernel = row ? ternary_wgmma_a8_kernel<T, Cfg, true> : ternary_wgmma_a8_kernel<T, Cfg, false>;
+template <typename T, typename Cfg, bool kRow>
+cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias,
+                            T* out, int M, int N, int K, cudaStream_t stream) {
+  auto kernel = ternary_wgmma_a8_kernel<T, Cfg, kRow>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap q_map, c_map;
   err = x_tensor_map(&q_map, q, K, M, K, Cfg::BT);
   if (err != cudaSuccess) return err;
-  err = byte_tensor_map(&c_map, wp, K / 4, N, K / 4, 32, kRowsA8, CU_TENSOR_MAP_SWIZZLE_NONE);
+  err = byte_tensor_map(&c_map, wp, K / 4, N, K / 4, 32, Cfg::kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (err != cudaSuccess) return err;
-  const dim3 grid((N + kRowsA8 - 1) / kRowsA8, (M + Cfg::BT - 1) / Cfg::BT);
-  kernel<<<grid, kThreadsA8, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
+  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
   return cudaGetLastError();
+}
+
+int64_t ctas_of(int M, int N, int rows, int tokens) {
+  return static_cast<int64_t>((N + rows - 1) / rows) * ((M + tokens - 1) / tokens);
 }
 
 }  // namespace
 
-// The tile a call runs: `tile` when it names one (0: 64 tokens, 1: 128), else 128 tokens where
-// its CTAs fill the GPU, 64 where they do not.
-int ternary_wgmma_a8_tile(int M, int N, int sms, int tile) {
-  if (tile >= 0 && tile < kA8Tiles) return tile;
-  const int64_t ctas = static_cast<int64_t>((N + kRowsA8 - 1) / kRowsA8) * ((M + kA8Tokens[1] - 1) / kA8Tokens[1]);
-  return ctas >= sms ? 1 : 0;
+// The tile a call runs: `tile` when it names one (0: 64 tokens, 1: 128, on 128 weight rows; with
+// row scales also 2: 128 tokens on 192 rows, and 3: 64 on 256), else the largest tile whose CTAs
+// fill the GPU.
+int ternary_wgmma_a8_tile(int M, int N, int sms, int tile, bool row) {
+  if (tile >= 0 && tile < (row ? kA8Tiles : 2)) return tile;
+  if (row && ctas_of(M, N, A8Tile2::kRows, A8Tile2::BT) >= sms) return 2;
+  return ctas_of(M, N, A8Tile1::kRows, A8Tile1::BT) >= sms ? 1 : 0;
 }
 
 // q int8 [M, K] contiguous, 16-byte aligned; qs fp32 [M]; wp uint8 [N, K/4] in the a8 layout;
 // ws fp16 [N, K/128], or [N, 1] when `row` (a scale per row); bias [N] in the output dtype or
-// nullptr; out [M, N] in `out_dtype`.
+// nullptr; out [M, N] in `out_dtype`. `tile` as ternary_wgmma_a8_tile takes it.
 cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                     const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
                                     int tile, int sms, cudaStream_t stream) {
@@ -362,9 +395,18 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
     using T = decltype(tag);
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
-    if (ternary_wgmma_a8_tile(M, N, sms, tile) == 0)
-      return launch_wgmma_a8<T, A8Tile0>(q, qs, wp, ws, row, bt, ot, M, N, K, stream);
-    return launch_wgmma_a8<T, A8Tile1>(q, qs, wp, ws, row, bt, ot, M, N, K, stream);
+    switch (ternary_wgmma_a8_tile(M, N, sms, tile, row)) {
+      case 0:
+        return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, stream)
+                   : launch_wgmma_a8<T, A8Tile0, false>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+      case 1:
+        return row ? launch_wgmma_a8<T, A8Tile1, true>(q, qs, wp, ws, bt, ot, M, N, K, stream)
+                   : launch_wgmma_a8<T, A8Tile1, false>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+      case 2:
+        return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+      default:
+        return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+    }
   });
 }
 
