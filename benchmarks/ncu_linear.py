@@ -2,7 +2,7 @@
 
     ncu --section SpeedOfLight --section Occupancy --section WarpStateStats -k regex:ternary \
         python benchmarks/ncu_linear.py --backend cuda_mma --m 1 --k 4096 --n 14336 [--layout a16] \
-        [--activation-bits 8]
+        [--activation-bits 8] [--row-scales]
 
 ncu flushes the caches before each profiled launch, so weights come from HBM as in serving.
 """
@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layout", default="v1",
                         help="weight layout to repack into (a16 for cuda_mma_tiles and cuda_wgmma, a8 for int8 x)")
     parser.add_argument("--activation-bits", type=int, choices=(8, 16), default=16)
+    parser.add_argument("--row-scales", action="store_true", help="one weight scale per row (weight_scale [N, 1])")
     args = parser.parse_args(argv)
     os.environ["TERNOP_BACKEND"] = args.backend
     import ternop
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     codes = torch.randint(0, 3, (args.n, args.k // 4, 4), device="cuda", dtype=torch.uint8, generator=g)
     packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
     packed = layouts.repack(packed, args.layout)
-    scale = torch.full((args.n, args.k // 128), 0.01, device="cuda", dtype=torch.float16)
+    scale = torch.full((args.n, 1 if args.row_scales else args.k // 128), 0.01, device="cuda", dtype=torch.float16)
     for m in args.m:
         x = torch.randn(m, args.k, device="cuda", dtype=torch.bfloat16, generator=g)
         for _ in range(args.calls):
