@@ -64,6 +64,7 @@ class LinearCall(NamedTuple):
         return (
             x.device, x.dtype, x.shape[0], w.shape[0], x.shape[1], x.stride(0),
             x.data_ptr() % 16, w.data_ptr() % 16, self.bias is None, self.activation_bits, self.layout,
+            self.weight_scale.shape[1] == 1,  # a scale per row
         )
 
 

@@ -378,6 +378,12 @@ def test_linear_dispatch_is_cached_per_call_key():
     ternop.linear(torch.randn(4, 128), packed, scale, activation_bits=8)
     keys = list(backends._CHOICE)
     assert len(keys) == 2 and {k[2] for k in keys} == {3, 4}
+    # A scale per row is part of the key: backends may take one form and not the other.
+    packed, scale = random_packed(16, 256)
+    backends.clear_cache()
+    ternop.linear(torch.randn(3, 256), packed, scale, activation_bits=8)
+    ternop.linear(torch.randn(3, 256), packed, scale[:, :1].contiguous(), activation_bits=8)
+    assert len(backends._CHOICE) == 2
 
 
 def test_linear_takes_row_strided_x_without_a_copy(monkeypatch):

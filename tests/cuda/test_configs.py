@@ -163,7 +163,7 @@ def test_wgmma_declines_follows_its_constants():
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     """With a scale per 128 weights the int8 Hopper kernel did not beat triton_a8 on the H200, so the
     dispatcher passes it over with that reason even where everything it needs is present; forcing
-    it still runs it. With a scale per row it is the kernel of choice from M = 17."""
+    it still runs it. With a scale per row it is the kernel of choice at M >= 2048 and K >= 4096."""
     from types import SimpleNamespace
 
     _sm90(monkeypatch)
@@ -178,6 +178,12 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     ok, why = registry._can_cuda_wgmma_a8(call)
     assert not ok and "not faster than triton_a8" in why and "TERNOP_BACKEND=cuda_wgmma_a8" in why
     assert registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, rows, None, 8, "a8")) == (True, "")
+    narrow = SimpleNamespace(shape=(2048, 1024), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0,
+                             stride=lambda d: 1024)  # fmt: skip
+    w_narrow = SimpleNamespace(shape=(4096, 256), data_ptr=lambda: 0)
+    ok, why = registry._can_cuda_wgmma_a8(backends.LinearCall(narrow, w_narrow, SimpleNamespace(shape=(4096, 1)), None,
+                                                              8, "a8"))  # fmt: skip
+    assert not ok and "triton_a8 is faster below" in why
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma_a8")
     assert registry._can_cuda_wgmma_a8(call) == (True, "")
     assert "activation_bits=16" in registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, blocks, None, 16, "a8"))[1]

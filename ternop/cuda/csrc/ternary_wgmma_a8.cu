@@ -203,34 +203,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   static_assert(kRow || Cfg::kGroups == 2, "the block-scale form takes turns between two warpgroups");
+  const int n0 = blockIdx.x * Cfg::kRows, m0 = blockIdx.y * BT;
   const int blocks = K / 128;
-  // Tiles. The block-scale form runs one tile a CTA (grid: weight-row tiles x token tiles). The
-  // row form is persistent: a CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (weight-row
-  // tiles fastest, so that CTAs running together share a token tile in L2), and its stages run on
-  // one count `it` across tiles, so that the producer loads the next tile's first blocks while the
-  // consumers still finish the last one. With K = 1024 a tile is only 8 blocks, and a CTA that
-  // started cold for each tile spent most of its time filling the pipeline and draining it.
-  const int n_tiles = (N + Cfg::kRows - 1) / Cfg::kRows;
-  const int tiles = kRow ? n_tiles * ((M + BT - 1) / BT) : 1;
-  const int first = kRow ? static_cast<int>(blockIdx.x) : 0, step = kRow ? static_cast<int>(gridDim.x) : 1;
-  auto origin = [&](int t, int& n0, int& m0) {
-    n0 = (kRow ? t % n_tiles : static_cast<int>(blockIdx.x)) * Cfg::kRows;
-    m0 = (kRow ? t / n_tiles : static_cast<int>(blockIdx.y)) * BT;
-  };
   if (threadIdx.x >= Cfg::kConsumers) {  // the producer warp; one lane issues the loads
     if (threadIdx.x == Cfg::kConsumers) {
-      int it = 0;
-      for (int t = first; t < tiles; t += step) {
-        int n0, m0;
-        origin(t, n0, m0);
-        for (int kb = 0; kb < blocks; ++kb, ++it) {
-          const int slot = it % kStages, round = it / kStages;
-          if (round > 0) mbar_wait(empty0 + 8 * slot, (round - 1) & 1);
-          const uint32_t stage = base + slot * Cfg::kStageBytes, full = full0 + 8 * slot;
-          mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
-          tma_load(stage, &q_map, kb * 128, m0, full);
-          tma_load(stage + Cfg::kXBytes, &c_map, kb * 32, n0, full);
-        }
+      for (int kb = 0; kb < blocks; ++kb) {
+        const int slot = kb % kStages, round = kb / kStages;
+        if (round > 0) mbar_wait(empty0 + 8 * slot, (round - 1) & 1);
+        const uint32_t stage = base + slot * Cfg::kStageBytes, full = full0 + 8 * slot;
+        mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
+        tma_load(stage, &q_map, kb * 128, m0, full);
+        tma_load(stage + Cfg::kXBytes, &c_map, kb * 32, n0, full);
       }
     }
     return;
@@ -242,72 +225,65 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t shift = (q & 1) * 2 + (q >> 1) * 16;  // 0, 2, 16, 18
 
   if constexpr (kRow) {
-    int it = 0;  // the stage count at the tile's first block
-    for (int t = first; t < tiles; t += step, it += blocks) {
-      int n0, m0;
-      origin(t, n0, m0);
-      int32_t part[R];
-      uint32_t a0[4][4];
-      mbar_wait(full0 + 8 * (it % kStages), (it / kStages) & 1);
-      decode_block_a8(smem + (it % kStages) * Cfg::kStageBytes + Cfg::kXBytes + row * 32, shift, a0);
-      if constexpr (Cfg::kGroups > 2) {
-        // Three or four warpgroups: registers for one set of A fragments only; while one
-        // warpgroup decodes after its wait, the others' wgmmas keep the tensor cores busy.
-        for (int b = 0; b < blocks; ++b) {
-          const int slot = (it + b) % kStages, next = (it + b + 1) % kStages;
-          wgmma_fence();
+    int32_t part[R];
+    uint32_t a0[4][4];
+    mbar_wait(full0, 0);
+    decode_block_a8(smem + Cfg::kXBytes + row * 32, shift, a0);
+    if constexpr (Cfg::kGroups > 2) {
+      // Three or four warpgroups: registers for one set of A fragments only; while one
+      // warpgroup decodes after its wait, the others' wgmmas keep the tensor cores busy.
+      for (int b = 0; b < blocks; ++b) {
+        const int slot = b % kStages, next = (b + 1) % kStages;
+        wgmma_fence();
 #pragma unroll
-          for (int s = 0; s < 4; ++s)
-            WgmmaS8<BT>::run(b > 0 || s > 0, part, a0[s], b_desc(base + slot * Cfg::kStageBytes + s * 32));
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_acc(part);
-          if (lane == 0) mbar_arrive(empty0 + 8 * slot);
-          if (b + 1 < blocks) {
-            mbar_wait(full0 + 8 * next, ((it + b + 1) / kStages) & 1);
-            decode_block_a8(smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32, shift, a0);
-          }
-        }
-      } else {
-        uint32_t a1[4][4];
-        // Two blocks an iteration, so that the A registers alternate without being indexed.
-        for (int kb = 0; kb < blocks; kb += 2) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int b = kb + h;
-            if (b >= blocks) break;
-            const int slot = (it + b) % kStages, next = (it + b + 1) % kStages;
-            const uint32_t stage = base + slot * Cfg::kStageBytes;
-            const uint8_t* next_codes = smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32;
-            const uint32_t parity = ((it + b + 1) / kStages) & 1;
-            if (h == 0)
-              row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane,
-                           part, a0, a1);
-            else
-              row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane,
-                           part, a1, a0);
-          }
+        for (int s = 0; s < 4; ++s)
+          WgmmaS8<BT>::run(b > 0 || s > 0, part, a0[s], b_desc(base + slot * Cfg::kStageBytes + s * 32));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc(part);
+        if (lane == 0) mbar_arrive(empty0 + 8 * slot);
+        if (b + 1 < blocks) {
+          mbar_wait(full0 + 8 * next, ((b + 1) / kStages) & 1);
+          decode_block_a8(smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32, shift, a0);
         }
       }
-      // part[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
+    } else {
+    uint32_t a1[4][4];
+    // Two blocks an iteration, so that the A registers alternate without being indexed.
+    for (int kb = 0; kb < blocks; kb += 2) {
 #pragma unroll
-      for (int j = 0; j < R / 4; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int n = n0 + row + 8 * (r / 2);
-          const int m = m0 + 8 * j + 2 * q + (r & 1);
-          if (n < N && m < M) {
-            const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-            const float sw = __fmul_rn(static_cast<float>(part[4 * j + r]), __half2float(ws[n]));
-            out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(sw, qs[m]), bv));
-          }
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int b = kb + h;
+        if (b >= blocks) break;
+        const int slot = b % kStages, next = (b + 1) % kStages;
+        const uint32_t stage = base + slot * Cfg::kStageBytes;
+        const uint8_t* next_codes = smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32;
+        const uint32_t parity = ((b + 1) / kStages) & 1;
+        if (h == 0)
+          row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
+                       a0, a1);
+        else
+          row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
+                       a1, a0);
+      }
     }
+    }
+    // part[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int n = n0 + row + 8 * (r / 2);
+        const int m = m0 + 8 * j + 2 * q + (r & 1);
+        if (n < N && m < M) {
+          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+          const float sw = __fmul_rn(static_cast<float>(part[4 * j + r]), __half2float(ws[n]));
+          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(sw, qs[m]), bv));
+        }
+      }
     return;
   }
 
-  int n0, m0;
-  origin(0, n0, m0);
   const __half* sc0p = ws + static_cast<int64_t>(min(n0 + row, N - 1)) * blocks;
   const __half* sc1p = ws + static_cast<int64_t>(min(n0 + row + 8, N - 1)) * blocks;
   const int my_turn = 1 + wg, other_turn = 2 - wg;
@@ -371,13 +347,17 @@ using A8Tile1 = A8Tile<128, 8>;
 // Row scales only (no turns): more weight rows a CTA, so that each token block is read from L2
 // fewer times: 192 rows at 128 tokens (three consumer warpgroups: 416 threads leave 128 registers
 // a thread; four at 128 tokens would leave 96 and spill) and 256 rows at 64 tokens.
+// A persistent form of the row kernel (356497c: a CTA an SM walking tiles, its stage count running
+// across them so that the next tile's loads overlap the last one's epilogue) measured slower on
+// the H200 (sweep_wgmma_a8_row_356497c.log: 1.12x against 1.17x on 4096->14336 at M = 8192, 1.06x
+// against 1.22x on 14336->4096), so each CTA takes one tile.
 using A8Tile2 = A8Tile<128, 8, 3>;
 using A8Tile3 = A8Tile<64, 8, 4>;
 constexpr int kA8Tiles = 4;
 
 template <typename T, typename Cfg, bool kRow>
 cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias,
-                            T* out, int M, int N, int K, int sms, cudaStream_t stream) {
+                            T* out, int M, int N, int K, cudaStream_t stream) {
   auto kernel = ternary_wgmma_a8_kernel<T, Cfg, kRow>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -386,10 +366,7 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
   if (err != cudaSuccess) return err;
   err = byte_tensor_map(&c_map, wp, K / 4, N, K / 4, 32, Cfg::kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (err != cudaSuccess) return err;
-  const int n_tiles = (N + Cfg::kRows - 1) / Cfg::kRows, m_tiles = (M + Cfg::BT - 1) / Cfg::BT;
-  // The row form is persistent: one CTA an SM at most (its shared memory allows no second).
-  const dim3 grid = kRow ? dim3(static_cast<unsigned>(std::min<int64_t>(static_cast<int64_t>(n_tiles) * m_tiles, sms)))
-                         : dim3(n_tiles, m_tiles);
+  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
   return cudaGetLastError();
 }
@@ -424,15 +401,15 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
     T* ot = static_cast<T*>(out);
     switch (ternary_wgmma_a8_tile(M, N, sms, tile, row)) {
       case 0:
-        return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream)
-                   : launch_wgmma_a8<T, A8Tile0, false>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
+        return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, stream)
+                   : launch_wgmma_a8<T, A8Tile0, false>(q, qs, wp, ws, bt, ot, M, N, K, stream);
       case 1:
-        return row ? launch_wgmma_a8<T, A8Tile1, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream)
-                   : launch_wgmma_a8<T, A8Tile1, false>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
+        return row ? launch_wgmma_a8<T, A8Tile1, true>(q, qs, wp, ws, bt, ot, M, N, K, stream)
+                   : launch_wgmma_a8<T, A8Tile1, false>(q, qs, wp, ws, bt, ot, M, N, K, stream);
       case 2:
-        return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
+        return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, stream);
       default:
-        return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
+        return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, stream);
     }
   });
 }
