@@ -1,6 +1,8 @@
 """Dense weights -> format v1 (packed codes, per-128-block fp16 scales).
 
-Two methods, both per block of 128 weights along K:
+Two methods, both per block of 128 weights along K, or with ``scales="row"`` per whole row
+(every block of the row then stores the row's one scale, as BitNet's one scale per tensor is
+stored; W2A8 kernels sum such rows in int32 over all of K, ``ternop.activations``):
 
 ``absmean``  scale = mean(|w|); code = round(clamp(w / scale, -1, 1)) (BitNet b1.58).
 ``optimal``  the threshold and scale that minimise ||w - scale * t||^2 over ternary t.
@@ -17,6 +19,7 @@ import torch
 from ternop.format import BLOCK_SIZE, SCALE_DTYPE, pack_codes
 
 METHODS = ("optimal", "absmean")
+SCALES = ("block", "row")
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
 # Rows processed at a time, so the sort's int64 indices stay a few hundred MiB at most.
@@ -51,10 +54,16 @@ def _ternary_optimal(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _METHOD_FNS = {"optimal": _ternary_optimal, "absmean": _ternary_absmean}
 
 
-def quantize_to_values(w: torch.Tensor, method: str = "optimal") -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense ``[N, K]`` -> (values int8 [N, K] in {-1, 0, 1}, scales fp16 [N, K/128])."""
+def quantize_to_values(
+    w: torch.Tensor, method: str = "optimal", scales: str = "block"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``[N, K]`` -> (values int8 [N, K] in {-1, 0, 1}, scales fp16 [N, K/128]).
+
+    ``scales="row"`` fits each row as one block: its K/128 scales are all the row's one scale."""
     if method not in _METHOD_FNS:
         raise ValueError(f"unknown quantization method {method!r}; choose one of {METHODS}")
+    if scales not in SCALES:
+        raise ValueError(f"unknown scale granularity {scales!r}; choose one of {SCALES}")
     if w.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(w.shape)}")
     if not w.is_floating_point():
@@ -68,24 +77,27 @@ def quantize_to_values(w: torch.Tensor, method: str = "optimal") -> tuple[torch.
         raise ValueError("weight holds NaN or Inf; cannot quantize")
     fn = _METHOD_FNS[method]
     values = torch.empty((n, k), dtype=torch.int8, device=w.device)
-    scales = torch.empty((n, k // BLOCK_SIZE), dtype=torch.float32, device=w.device)
+    out = torch.empty((n, k // BLOCK_SIZE), dtype=torch.float32, device=w.device)
     rows = max(1, _ROWS_PER_CHUNK_ELEMS // k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        blocks = w[r0:r1].to(torch.float32).reshape(-1, BLOCK_SIZE)
-        v, s = fn(blocks)
+        blocks = w[r0:r1].to(torch.float32).reshape(-1, k if scales == "row" else BLOCK_SIZE)
+        v, sc = fn(blocks)
         values[r0:r1] = v.reshape(r1 - r0, k)
-        scales[r0:r1] = s.reshape(r1 - r0, k // BLOCK_SIZE)
-    if bool((scales > _FP16_MAX).any()):
+        out[r0:r1] = sc.reshape(r1 - r0, -1)  # [rows, 1] broadcasts over a row's blocks
+    if bool((out > _FP16_MAX).any()):
         raise ValueError(
-            f"a block scale exceeds the float16 range ({float(scales.max()):.4g} > {_FP16_MAX}); "
+            f"a block scale exceeds the float16 range ({float(out.max()):.4g} > {_FP16_MAX}); "
             "format v1 stores scales as float16"
         )
-    return values, scales.to(SCALE_DTYPE)
+    return values, out.to(SCALE_DTYPE)
 
 
-def quantize_weight(w: torch.Tensor, method: str = "optimal") -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense ``[N, K]`` (any float dtype) -> (weight_packed uint8 [N, K/4], weight_scale fp16 [N, K/128])."""
-    values, scales = quantize_to_values(w, method)
+def quantize_weight(
+    w: torch.Tensor, method: str = "optimal", scales: str = "block"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``[N, K]`` (any float dtype) -> (weight_packed uint8 [N, K/4], weight_scale fp16 [N, K/128]);
+    ``scales="row"``: one scale per row, repeated over its blocks."""
+    values, scales = quantize_to_values(w, method, scales)
     codes = (values == 1).to(torch.uint8) | ((values == -1).to(torch.uint8) << 1)
     return pack_codes(codes), scales

@@ -87,3 +87,33 @@ def test_quantize_accepts_float_dtypes(dtype):
 def test_quantize_errors(w, method, message):
     with pytest.raises(ValueError, match=message):
         quantize_weight(w, method)
+
+
+@pytest.mark.parametrize("method", ["optimal", "absmean"])
+def test_quantize_row_scales_fit_each_row_as_one_block(method):
+    w = _matrices()["laplace"]
+    values, scale = quantize_to_values(w, method, scales="row")
+    assert scale.shape == (64, 4) and bool((scale == scale[:, :1]).all())
+    if method == "absmean":
+        assert torch.allclose(scale[:, 0].float(), w.abs().mean(dim=1), rtol=1e-3)
+        assert torch.equal(values, torch.round(torch.clamp(w / w.abs().mean(dim=1, keepdim=True), -1, 1)).to(torch.int8))
+    # A row scale can only fit worse than a scale per block, never better.
+    row_err = ((w.double() - values.double() * scale.double().repeat_interleave(128, 1)) ** 2).sum()
+    assert float(row_err) >= float(_block_sq_error(w, *quantize_weight(w, method)).sum())
+    # One block per row: both granularities are the same fit.
+    w128 = w[:, :128]
+    assert all(torch.equal(a, b) for a, b in zip(quantize_to_values(w128, method, "row"), quantize_to_values(w128, method)))
+
+
+def test_quantize_row_optimal_never_worse_than_row_absmean():
+    for w in _matrices().values():
+        err = {}
+        for method in ("optimal", "absmean"):
+            values, scale = quantize_to_values(w, method, scales="row")
+            err[method] = ((w.double() - values.double() * scale.double().repeat_interleave(128, 1)) ** 2).sum(1)
+        assert bool((err["optimal"] <= err["absmean"] * (1 + 1e-3) + 1e-12).all())
+
+
+def test_quantize_unknown_scales():
+    with pytest.raises(ValueError, match="unknown scale granularity 'tensor'"):
+        quantize_weight(torch.randn(4, 128), "optimal", scales="tensor")

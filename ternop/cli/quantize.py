@@ -6,6 +6,8 @@ import argparse
 
 from ternop.cli.modes import ACTIVATIONS, bits_of, describe
 from ternop.quant.convert import CALIB_TOKENS, METHODS, quantize_checkpoint
+from ternop.quantize import METHODS as QUANTIZE_METHODS
+from ternop.quantize import SCALES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
                         help="the mode the checkpoint runs in, written as quantization_config.activation_bits: "
                              "fp (16, activations as given) or int8 (8, int8 per token); the weights are the same")
+    parser.add_argument("--scales", choices=list(SCALES), default="block",
+                        help="one scale per 128 weights (block, the default), or one per row, fitted over the whole "
+                             "row and stored in each of its blocks: with --activations int8 the GPU kernels then "
+                             "sum whole rows in int32, faster at large batches, at some cost in quality "
+                             "(docs/QUALITY.md); --method optimal or absmean")  # fmt: skip
     parser.add_argument("--keep-dense", choices=["none", "auto"], default="none",
                         help="auto: keep the fewest layers dense, ranked by their measured sensitivity, so that the "
                              "wiki MRR of an embedding model (visible set) loses at most X against the fp model")
@@ -39,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     skip, quantizer = list(args.skip), None
+    if args.scales == "row":
+        if args.method not in QUANTIZE_METHODS:
+            raise ValueError(f"--scales row takes --method {' or '.join(QUANTIZE_METHODS)}, not {args.method}")
+        quantizer = _row_quantizer(args.method)
     if args.calib_tokens is not None and args.method != "calibrated":
         raise ValueError("--calib-tokens applies to --method calibrated")
     calib_tokens = CALIB_TOKENS if args.calib_tokens is None else args.calib_tokens
@@ -58,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
                              f"{mixed.ALL_TERNARY_SHARE:.3f} of fp16")  # fmt: skip
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
-        quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), calib_tokens, not args.quiet)
+        if quantizer is None:
+            quantizer = METHODS[args.method](Path(args.src), args.calib, tuple(skip), calib_tokens, not args.quiet)
         choice, prefixes = mixed.choose(args.src, quantizer, tuple(skip), args.max_mrr_loss, progress=not args.quiet,
                                         size_budget=args.size_budget)  # fmt: skip
         skip += prefixes
@@ -82,3 +94,10 @@ def main(args: argparse.Namespace) -> int:
     for name, why in report.skipped.items():
         print(f"  dense: {name} ({why})")
     return 0
+
+
+def _row_quantizer(method: str):
+    """The rounding ``method`` with one scale per row (``ternop.quantize``, scales="row")."""
+    from ternop.quantize import quantize_weight
+
+    return lambda prefix, weight: quantize_weight(weight, method, scales="row")

@@ -57,6 +57,20 @@ def test_quantize_cli(bert_dir, tmp_path, capsys):
         main(["quantize", str(bert_dir), str(tmp_path / "y"), "--method", "nonsense"])
 
 
+def test_quantize_row_scales(bert_dir, tmp_path, capsys):
+    from ternop.checkpoint.reader import load_ternary_layers
+
+    dst = tmp_path / "row"
+    assert main(["quantize", str(bert_dir), str(dst), "--scales", "row", "--activations", "int8", "--quiet"]) == 0
+    capsys.readouterr()
+    scales = [scale for _, scale in load_ternary_layers(dst).values()]
+    assert scales and all(bool((s == s[:, :1]).all()) for s in scales)
+    assert main(["quantize", str(bert_dir), str(tmp_path / "c"), "--scales", "row", "--method", "calibrated",
+                 "--calib", "x.txt", "--quiet"]) == 2  # fmt: skip
+    assert "--scales row takes --method optimal or absmean, not calibrated" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
 def test_quantize_skip_before_the_positionals_and_unmatched_patterns(bert_dir, tmp_path, capsys):
     dst = tmp_path / "q"
     assert main(["quantize", "--skip", "attention", "--skip", "intermediate", str(bert_dir), str(dst), "--quiet"]) == 0
