@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", choices=["calibrated", "optimal", "absmean"], default=d.init,
                         help="how the student's codes and scales start")
     parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens, help="calibration tokens for --init calibrated")
+    parser.add_argument("--scales", choices=["block", "row"], default=d.scales,
+                        help="one learnt scale per 128 weights (block), or one per row (row: what the int8 kernels "
+                             "sum over all of K, docs/KERNELS.md; starts from --init optimal or absmean)")
     parser.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                         help="keep modules matching PATTERN dense (repeat --skip for more patterns)")
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
@@ -120,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
     from ternop.quant.distill import default_state_path, run
 
     bad = _bad_number(args)
+    if bad is None and args.scales == "row" and args.init == "calibrated":
+        bad = "--scales row starts from --init optimal or absmean (calibration fits a scale per block)"
     if bad:
         print(f"ternop distill: error: {bad}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@ The student is the base model with every selected linear layer (``ternop.selecti
 ternary by a straight-through estimator: the forward pass uses ``s * round(clamp(W / s, -1, 1))``
 per 128-block along K, from latent dense weights ``W`` and learnable per-block scales ``s``; the
 backward pass treats the rounding as the identity (gradients reach both W and s). With
+``scales="row"`` (``ternop distill --scales row``) each row has one learnable scale instead (the
+form the W2A8 kernels sum over all of K, ``ternop.activations``). With
 ``activation_bits=8`` (``ternop distill --activations int8``) each layer's input is also rounded
 per token to int8 exactly as W2A8 rounds it (``ternop.activations.quantize_rows``), again with
 the identity as its gradient, so the student trains for the mode it will run in. Biases and
@@ -80,6 +82,7 @@ class DistillConfig:
     quiet: bool = False
     overwrite: bool = False
     activation_bits: int = DEFAULT_ACTIVATION_BITS
+    scales: str = "block"
 
 
 def default_state_path(dst) -> Path:
@@ -99,24 +102,36 @@ def int8_activations(x: torch.Tensor) -> torch.Tensor:
     return xq + (x - x.detach()).to(torch.float32)
 
 
+def per_weight(scale: torch.Tensor, k: int) -> torch.Tensor:
+    """Scales [N, K/128] (a scale per block) or [N, 1] (per row) -> [N, K], one per weight."""
+    return scale.expand(-1, k) if scale.shape[1] == 1 else scale.repeat_interleave(BLOCK_SIZE, dim=1)
+
+
+def stored_scales(scale: torch.Tensor, k: int) -> torch.Tensor:
+    """Scales [N, K/128] or [N, 1] -> the [N, K/128] that format v1 stores (a row's scale in each block)."""
+    return scale.expand(-1, k // BLOCK_SIZE) if scale.shape[1] == 1 else scale
+
+
 class QATLinear(nn.Module):
     """Linear layer trained through ternary rounding. Parameters: ``weight`` [N, K] (latent),
-    ``scale`` [N, K/128] fp32, ``bias`` [N] or None. ``activation_bits=8`` also rounds the input
-    per token to int8 (:func:`int8_activations`)."""
+    ``scale`` [N, K/128] fp32 (or [N, 1]: one scale per row), ``bias`` [N] or None.
+    ``activation_bits=8`` also rounds the input per token to int8 (:func:`int8_activations`)."""
 
     def __init__(self, latent: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  activation_bits: int = DEFAULT_ACTIVATION_BITS):  # fmt: skip
         super().__init__()
         n, k = latent.shape
-        if k % BLOCK_SIZE or tuple(scale.shape) != (n, k // BLOCK_SIZE):
-            raise ValueError(f"latent [N, K] = {list(latent.shape)} needs scale [N, K/128], got {list(scale.shape)}")
+        if k % BLOCK_SIZE or tuple(scale.shape) not in ((n, k // BLOCK_SIZE), (n, 1)):
+            raise ValueError(
+                f"latent [N, K] = {list(latent.shape)} needs scale [N, K/128] or [N, 1], got {list(scale.shape)}"
+            )
         self.activation_bits = check_activation_bits(activation_bits, "QATLinear")
         self.weight = nn.Parameter(latent.detach().float().clone())
         self.scale = nn.Parameter(scale.detach().float().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone())
 
     def _ratio(self) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.scale.abs().clamp(min=1e-8).repeat_interleave(BLOCK_SIZE, dim=1)
+        s = per_weight(self.scale.abs().clamp(min=1e-8), self.weight.shape[1])
         return self.weight / s, s
 
     def values(self) -> torch.Tensor:
@@ -139,18 +154,21 @@ class QATLinear(nn.Module):
         return f"in_features={k}, out_features={n}, bias={self.bias is not None}, activation_bits={self.activation_bits}"
 
 
-def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, progress: bool):
-    """name -> (values int8 [N, K], scale fp32 [N, K/128]) for the selected linears."""
+def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, progress: bool,
+                 scales: str = "block"):  # fmt: skip
+    """name -> (values int8 [N, K], scale fp32 [N, K/128], or [N, 1] for row scales) for the selected linears."""
     from ternop.quant.calibrate import calibrate_model
     from ternop.quantize import quantize_to_values
 
     if init == "calibrated":
+        if scales != "block":
+            raise ValueError("--scales row starts from --init optimal or absmean (calibration fits a scale per block)")
         res = calibrate_model(student, tokenizer, texts, skip, max_tokens=calib_tokens, progress=progress)
         return {name: (v, s.float()) for name, (v, s) in res.items()}
     out = {}
     for name, layer in select_linears(student, skip)[0].items():
-        v, s = quantize_to_values(layer.weight.detach(), init)
-        out[name] = (v, s.float())
+        v, s = quantize_to_values(layer.weight.detach(), init, scales)
+        out[name] = (v, s.float()[:, :1] if scales == "row" else s.float())
     return out
 
 
@@ -162,7 +180,7 @@ def build_student(student: nn.Module, init_values: dict,
         parent_name, _, child = name.rpartition(".")
         parent = student.get_submodule(parent_name) if parent_name else student
         old = getattr(parent, child)
-        latent = values.float() * scale.repeat_interleave(BLOCK_SIZE, dim=1)
+        latent = values.float() * per_weight(scale, values.shape[1])
         layer = QATLinear(latent, scale, old.bias, activation_bits).to(old.weight.device)
         setattr(parent, child, layer)
         layers[name] = layer
@@ -179,9 +197,10 @@ def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return out
 
 
-def _save_state(path: Path, step: int, opt, student, trainable: set[str], bits: int) -> None:
+def _save_state(path: Path, step: int, opt, student, trainable: set[str], bits: int,
+                scales: str = "block") -> None:  # fmt: skip
     tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "optimizer": opt.state_dict(), "activation_bits": bits,
+    torch.save({"step": step, "optimizer": opt.state_dict(), "activation_bits": bits, "scales": scales,
                 "student": {k: v for k, v in student.state_dict().items() if k in trainable}}, tmp)  # fmt: skip
     tmp.replace(path)
 
@@ -204,7 +223,7 @@ def export(base, dst, student: nn.Module, layers: dict[str, QATLinear], dense: l
     quantized, overrides = {}, {}
     for name, layer in layers.items():
         values = layer.values().cpu()
-        scale = layer.scale.detach().float().cpu()
+        scale = stored_scales(layer.scale.detach().float().cpu(), values.shape[1])
         # A negative learnt scale is stored positive with its codes flipped (FORMAT.md: writers emit scales >= 0).
         values = torch.where((scale < 0).repeat_interleave(BLOCK_SIZE, dim=1), -values, values)
         key = names.get(name + ".weight")
@@ -251,6 +270,11 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
             f"the state in {state_path} was trained with activation_bits {state.get('activation_bits', 16)}, "
             f"not {bits}; resume with the same --activations, or start again without --resume"
         )
+    if state is not None and state.get("scales", "block") != args.scales:
+        raise ValueError(
+            f"the state in {state_path} was trained with --scales {state.get('scales', 'block')}, not "
+            f"{args.scales}; resume with the same --scales, or start again without --resume"
+        )
     weights = Weights(cos=args.cos_weight, rel=args.rel_weight, rel_temp=args.rel_temp, hidden=args.hidden_weight,
                       hidden_layers=args.hidden_layers)
     sampler = Sampler(texts, args.batch_size, args.mix, args.seed)
@@ -258,10 +282,12 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
     t0 = time.time()
     if state is None:
         calib = sampler.calibration(4096)
-        init = _init_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet)
+        init = _init_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet,
+                            args.scales)  # fmt: skip
     else:
         # Shapes only: the saved state overwrites values and scales below.
-        init = {n: (torch.zeros_like(m.weight, dtype=torch.int8), torch.ones(m.out_features, m.in_features // BLOCK_SIZE))
+        blocks = {n: 1 if args.scales == "row" else m.in_features // BLOCK_SIZE for n, m in targets.items()}
+        init = {n: (torch.zeros_like(m.weight, dtype=torch.int8), torch.ones(m.out_features, blocks[n]))
                 for n, m in targets.items()}  # fmt: skip
     layers = build_student(student, init, bits)
     teacher.to(device).eval()
@@ -306,7 +332,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
             total = _steps_that_fit(args, total, step, first_step, run_start, train_start)
             bar.total = total
         if step % args.save_every == 0 or step == min(total, stop_at):
-            _save_state(state_path, step, opt, student, {n for n, _ in params}, bits)
+            _save_state(state_path, step, opt, student, {n for n, _ in params}, bits, args.scales)
         if args.log and (step % args.log_every == 0 or step == min(total, stop_at)):
             _log(args.log, {"step": step, "lr": lr, "seconds": round(time.time() - run_start, 2),
                             **{k: v / n_sums for k, v in sums.items()}})  # fmt: skip

@@ -87,6 +87,18 @@ def test_qat_linear_rejects_bad_scale_shape():
         distill.QATLinear(torch.zeros(4, 256), torch.ones(4, 3), None)
 
 
+def test_qat_linear_row_scale_forward_and_grads():
+    torch.manual_seed(0)
+    latent = torch.randn(13, 256) * 0.05
+    scale = torch.rand(13, 1) * 0.05 + 0.02
+    layer = distill.QATLinear(latent, scale, None)
+    x = torch.randn(5, 256)
+    dense = layer.values().float() * scale  # one scale over each row
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, dense))
+    layer(x).square().sum().backward()
+    assert layer.scale.grad.shape == (13, 1) and bool(layer.scale.grad.abs().sum() > 0)
+
+
 @pytest.fixture(scope="module")
 def tiny_fp(tmp_path_factory):
     from tests.models import tiny_bert_wide
@@ -173,6 +185,35 @@ def test_distill_resume_refuses_another_activation_mode(tiny_fp, data_file, tmp_
     assert main([*argv, "--resume", "--activations", "int8"]) == 2
     assert "trained with activation_bits 16, not 8" in capsys.readouterr().err
     assert not (tmp_path / "d").exists() and (tmp_path / "d.distill-state.pt").exists()
+
+
+def test_distill_row_scales_train_and_write_one_scale_per_row(tiny_fp, data_file, tmp_path, capsys):
+    from ternop.checkpoint import load_ternary_layers
+    from ternop.cli import main
+    from ternop.quant.convert import quantize_checkpoint
+    from ternop.quantize import quantize_weight
+
+    texts = data_file.read_text().splitlines()
+    rounded = tmp_path / "rounded"
+    quantize_checkpoint(tiny_fp, rounded, quantizer=lambda p, w: quantize_weight(w, "optimal", scales="row"),
+                        progress=False)  # fmt: skip
+    dst = tmp_path / "row"
+    assert distill_cli.main(_args(tiny_fp, dst, data_file, steps=25, scales="row")) == 0
+    layers = load_ternary_layers(dst)
+    assert len(layers) == 12 and all(bool((s == s[:, :1]).all()) for _, s in layers.values())
+    before = _cosine_to_teacher(tiny_fp, rounded, texts)
+    after = _cosine_to_teacher(tiny_fp, dst, texts)
+    assert after > before + 0.5 * (1 - before), (before, after)
+    # Calibration fits a scale per block: refused, before any training.
+    argv = ["distill", str(tiny_fp), str(tmp_path / "c"), "--data", str(data_file), "--steps", "2", "--quiet",
+            "--scales", "row"]  # fmt: skip
+    assert main(argv) == 2 and "--scales row starts from --init optimal or absmean" in capsys.readouterr().err
+    # A state trained with block scales does not resume as rows.
+    argv = ["distill", str(tiny_fp), str(tmp_path / "d"), "--data", str(data_file), "--steps", "2", "--quiet",
+            "--init", "optimal"]  # fmt: skip
+    assert main([*argv, "--stop-at", "1"]) == 0
+    assert main([*argv, "--resume", "--scales", "row"]) == 2
+    assert "trained with --scales block, not row" in capsys.readouterr().err
 
 
 def test_distill_resume_equals_uninterrupted(tiny_fp, data_file, tmp_path):
