@@ -1,7 +1,7 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
-        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8] [--a8-scales block|row]
+        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -513,6 +513,8 @@ def main() -> None:
     parser.add_argument("--decode-runs", type=int, default=3, help="timed runs per batch of the decode workloads")
     parser.add_argument("--no-a8", action="store_true",
                         help="leave out the int8-activation ternary model (embed, decode)")
+    parser.add_argument("--no-a16", action="store_true",
+                        help="leave out the 16-bit-activation ternary embedding model (embed)")
     parser.add_argument("--a8-scales", choices=["block", "row"], default="block",
                         help="the embedding A8 model's scales: one per 128 weights (ternary_a8), or one per row, "
                              "which the int8 kernels sum over all of K (ternary_a8_row)")
@@ -597,8 +599,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     """Every model loaded at once; rounds interleave them; see the module docstring."""
     shape = TINY_SHAPE if args.tiny else EMBED_SHAPE
     t0 = time.perf_counter()
-    folders = {"bf16": write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype),
-               "ternary": write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)}  # fmt: skip
+    folders = {"bf16": write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype)}
+    if not args.no_a16:
+        folders["ternary"] = write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)
     if not args.no_a8:
         row = args.a8_scales == "row"
         folders["ternary_a8_row" if row else "ternary_a8"] = write_model(
