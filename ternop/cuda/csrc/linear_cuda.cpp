@@ -22,7 +22,8 @@
 // ternary_mma.cu, format v1 or the a16 layout); weight_packed uint8 [N, K/4]; weight_scale
 // fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 ops take
 // x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, scales [N, K/128]
-// or [N, 1] (a scale per row, ternop/activations.py), and return [M, N] in ``dtype``; its fused form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
+// or [N, 1] (a scale per row, ternop/activations.py), and return [M, N] in ``dtype``; the fused
+// form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
 // and quantizes it inside the kernel, with the same result. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
@@ -105,7 +106,9 @@ int64_t check_weights(const char* op, const at::Tensor& weight_packed, const at:
 
 // Whether weight_scale holds a scale per row ([N, 1]; with one block, K = 128, both forms are the
 // same arithmetic).
-bool row_scaled(const at::Tensor& weight_scale, int64_t K) { return weight_scale.dim() == 2 && weight_scale.size(1) == 1; }
+bool row_scaled(const at::Tensor& weight_scale, int64_t K) {
+  return weight_scale.dim() == 2 && weight_scale.size(1) == 1;
+}
 
 // The bias as a contiguous [N] tensor of `dtype` (kept alive by the caller), or nullptr.
 const void* bias_pointer(const char* op, const std::optional<at::Tensor>& bias, at::ScalarType dtype, int64_t N,
