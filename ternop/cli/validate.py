@@ -2,8 +2,9 @@
 
 Prints exactly three lines and exits 1 if any says FAIL (2 for a folder that does not exist):
 
-    CPU_UNPACK: OK|FAIL <reason>          config readable (its activation_bits is named), codes legal,
-                                          shapes right, an independent decoding agrees
+    CPU_UNPACK: OK|FAIL <reason>          config readable (its activation_bits is named, and for
+                                          int8 how many layers have one scale per row), codes
+                                          legal, shapes right, an independent decoding agrees
     GPU_LOAD: OK|SKIPPED|FAIL <reason>    bytes copied to the CUDA device equal the bytes on disk
     TP_SHARD: OK|SKIPPED|FAIL <reason>    each rank's shard (through vLLM's loaders) equals a slice
                                           of the full matrix, for every fused layer
@@ -68,7 +69,13 @@ def check_cpu_unpack(path) -> str:
             raise CheckpointError(f"{prefix}: dequantized weight differs from value x block scale")
         n_weights += packed.numel() * 4
     bits = qc["activation_bits"]
-    return f"{len(layers)} layers, {n_weights:,} weights; activation_bits {bits}: {describe(bits)}"
+    summary = f"{len(layers)} layers, {n_weights:,} weights; activation_bits {bits}: {describe(bits)}"
+    if bits == 8:
+        from ternop.activations import row_scales
+
+        rows = sum(row_scales(scale) is not None for _, scale in layers.values())
+        summary += f"; {rows} of {len(layers)} layers with one scale per row (int32 sums over all of K)"
+    return summary
 
 
 def check_gpu_load(path) -> str | None:

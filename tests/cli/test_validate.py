@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from ternop.cli import validate
 from ternop.checkpoint import load_ternary_layers
 from ternop.quant.convert import quantize_checkpoint
+from ternop.quantize import quantize_weight
 from tests.models import tiny_bert, tiny_qwen3
 
 _RUN = "import sys; from ternop.cli import main; sys.exit(main(['validate', *sys.argv[1:]]))"
@@ -85,7 +86,13 @@ def test_validate_names_the_activation_mode(ternary_qwen3, tmp_path):
     assert "activation_bits 16: activations as given" in validate.check_cpu_unpack(ternary_qwen3)
     a8 = tmp_path / "a8"
     quantize_checkpoint(tiny_qwen3(tmp_path / "fp"), a8, method="absmean", progress=False, activation_bits=8)
-    assert validate.check_cpu_unpack(a8).endswith("; activation_bits 8: int8 activations per token (W2A8)")
+    summary = validate.check_cpu_unpack(a8)
+    assert "; activation_bits 8: int8 activations per token (W2A8); 0 of " in summary
+    rows = tmp_path / "rows"
+    quantize_checkpoint(tiny_qwen3(tmp_path / "fp2"), rows, progress=False, activation_bits=8,
+                        quantizer=lambda p, w: quantize_weight(w, "absmean", scales="row"))  # fmt: skip
+    n = summary.split(" layers,")[0]
+    assert validate.check_cpu_unpack(rows).endswith(f"; {n} of {n} layers with one scale per row (int32 sums over all of K)")
 
 
 @pytest.mark.parametrize("bits", [4, 16.5, "8"])
