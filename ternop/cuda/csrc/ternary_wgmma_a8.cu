@@ -248,25 +248,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     } else {
-    uint32_t a1[4][4];
-    // Two blocks an iteration, so that the A registers alternate without being indexed.
-    for (int kb = 0; kb < blocks; kb += 2) {
+      uint32_t a1[4][4];
+      // Two blocks an iteration, so that the A registers alternate without being indexed.
+      for (int kb = 0; kb < blocks; kb += 2) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int b = kb + h;
-        if (b >= blocks) break;
-        const int slot = b % kStages, next = (b + 1) % kStages;
-        const uint32_t stage = base + slot * Cfg::kStageBytes;
-        const uint8_t* next_codes = smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32;
-        const uint32_t parity = ((b + 1) / kStages) & 1;
-        if (h == 0)
-          row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
-                       a0, a1);
-        else
-          row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane, part,
-                       a1, a0);
+        for (int h = 0; h < 2; ++h) {
+          const int b = kb + h;
+          if (b >= blocks) break;
+          const int slot = b % kStages, next = (b + 1) % kStages;
+          const uint32_t stage = base + slot * Cfg::kStageBytes;
+          const uint8_t* next_codes = smem + next * Cfg::kStageBytes + Cfg::kXBytes + row * 32;
+          const uint32_t parity = ((b + 1) / kStages) & 1;
+          if (h == 0)
+            row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane,
+                         part, a0, a1);
+          else
+            row_step<BT>(b, blocks, stage, full0 + 8 * next, parity, empty0 + 8 * slot, next_codes, shift, lane,
+                         part, a1, a0);
+        }
       }
-    }
     }
     // part[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
 #pragma unroll
