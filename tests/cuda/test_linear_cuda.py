@@ -598,7 +598,7 @@ def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, 
 def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
     """Every tile of the Hopper W2A8 kernel with row scales (0-3: 128 weight rows at 64 and 128
     tokens, 192 at 128, 256 at 64), odd and even block counts, ragged M and N, and tile counts
-    above and below the number of SMs (the row form is persistent)."""
+    above and below the number of SMs."""
     for m, k, n in [(17, 1024, 136), (200, 2048, 520), (1000, 384, 1152), (129, 4096, 256), (300, 640, 200),
                     (64, 14336, 128), (3000, 1024, 2100)]:  # fmt: skip
         v1, _ = _weights(n, k)
