@@ -155,6 +155,26 @@ __device__ __forceinline__ void turn_pass(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumersA8) : "memory");
 }
 
+// A lane's outputs: accumulator 4j + r is weight row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2;
+// value(i, n) is accumulator i's fp32 sum before the token scale. Two roundings, as the spec has
+// them (no contraction into one FMA): the token scale, then the bias.
+template <typename T, int R, typename Value>
+__device__ __forceinline__ void store_tile(T* __restrict__ out, const float* __restrict__ qs,
+                                           const T* __restrict__ bias, int M, int N, int n0, int m0, int row, int q,
+                                           Value&& value) {
+#pragma unroll
+  for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = n0 + row + 8 * (r / 2);
+      const int m = m0 + 8 * j + 2 * q + (r & 1);
+      if (n < N && m < M) {
+        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+        out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(value(4 * j + r, n), qs[m]), bv));
+      }
+    }
+}
+
 // Row scales (ws fp16 [N, 1]; kRow): the int32 sums run over all of K in the wgmma accumulators and
 // are scaled once in the epilogue, fp32(fp32(S) * s_w[n]) * s_x[m] as ternop/activations.py says.
 // Nothing is left for the CUDA cores per block but decoding, so the warpgroups need no turns: each
@@ -268,19 +288,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
-    // part[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
-#pragma unroll
-    for (int j = 0; j < R / 4; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int n = n0 + row + 8 * (r / 2);
-        const int m = m0 + 8 * j + 2 * q + (r & 1);
-        if (n < N && m < M) {
-          const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-          const float sw = __fmul_rn(static_cast<float>(part[4 * j + r]), __half2float(ws[n]));
-          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(sw, qs[m]), bv));
-        }
-      }
+    // The row's scale first: fp32(fp32(S) * s_w[n]), then the token's.
+    store_tile<T, R>(out, qs, bias, M, N, n0, m0, row, q,
+                     [&](int i, int n) { return __fmul_rn(static_cast<float>(part[i]), __half2float(ws[n])); });
     return;
   }
 
@@ -327,19 +337,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
 
-  // acc[4j + r] is row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2.
-#pragma unroll
-  for (int j = 0; j < R / 4; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int n = n0 + row + 8 * (r / 2);
-      const int m = m0 + 8 * j + 2 * q + (r & 1);
-      if (n < N && m < M) {
-        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-        // Two roundings, as the spec has them (no contraction into one FMA).
-        out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(acc[4 * j + r], qs[m]), bv));
-      }
-    }
+  store_tile<T, R>(out, qs, bias, M, N, n0, m0, row, q, [&](int i, int) { return acc[i]; });
 }
 
 using A8Tile0 = A8Tile<64, 8>;
