@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ternop.cli.modes import ACTIVATIONS, bits_of, describe
-from ternop.quant.convert import CALIB_TOKENS, METHODS, quantize_checkpoint
+from ternop.quant.convert import CALIB_TOKENS, METHODS, quantize_checkpoint, rounding_quantizer
 from ternop.quantize import METHODS as QUANTIZE_METHODS
 from ternop.quantize import SCALES
 
@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     if args.scales == "row":
         if args.method not in QUANTIZE_METHODS:
             raise ValueError(f"--scales row takes --method {' or '.join(QUANTIZE_METHODS)}, not {args.method}")
-        quantizer = _row_quantizer(args.method)
+        quantizer = rounding_quantizer(args.method, "row")
     if args.calib_tokens is not None and args.method != "calibrated":
         raise ValueError("--calib-tokens applies to --method calibrated")
     calib_tokens = CALIB_TOKENS if args.calib_tokens is None else args.calib_tokens
@@ -94,10 +94,3 @@ def main(args: argparse.Namespace) -> int:
     for name, why in report.skipped.items():
         print(f"  dense: {name} ({why})")
     return 0
-
-
-def _row_quantizer(method: str):
-    """The rounding ``method`` with one scale per row (``ternop.quantize``, scales="row")."""
-    from ternop.quantize import quantize_weight
-
-    return lambda prefix, weight: quantize_weight(weight, method, scales="row")

@@ -30,10 +30,16 @@ Quantizer = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 """(checkpoint prefix, dense weight [N, K]) -> (weight_packed uint8 [N, K/4], weight_scale float16 [N, K/128])."""
 
 
+def rounding_quantizer(method: str, scales: str = "block") -> Quantizer:
+    """The rounding ``method`` (``ternop.quantize``) as a Quantizer, with a scale per 128 weights
+    (``scales="block"``) or per row (``"row"``)."""
+    return lambda name, weight: quantize_weight(weight, method, scales)
+
+
 def _rounding(method: str) -> Callable[..., Quantizer]:
     def factory(src: Path, calib: str | None, skip: tuple[str, ...], calib_tokens: int = CALIB_TOKENS,
                 progress: bool = True) -> Quantizer:  # fmt: skip
-        return lambda name, weight: quantize_weight(weight, method)
+        return rounding_quantizer(method)
 
     return factory
 
