@@ -64,6 +64,20 @@ class DequantConfig:
 
 
 @dataclass(frozen=True)
+class DequantA8Config:
+    """Tile of the dense int8 GEMM of ``dequant_a8`` (``triton_dequant_a8.py``): BLOCK_M tokens x
+    BLOCK_N weight rows x BLOCK_K; ``tma`` picks the TMA, warp-specialised kernel (Hopper)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    tma: bool = False
+    group_m: int = 8
+
+
+@dataclass(frozen=True)
 class CudaGemvConfig:
     """The CUDA C++ kernel picks its own launch shape; the table only bounds M."""
 
@@ -108,6 +122,15 @@ _BIG = 1 << 62
 #   Python Triton launch it replaces cost tens of microseconds of host time per eager call
 #   (sweep_fused.json, host_us_per_call), which batches above vLLM's CUDA-graph sizes pay.
 # - triton_a8 for every M above 16: 1.11x at M = 32, 0.98x at 64, 0.76x at 128, 0.6-0.75x above.
+# - dequant_a8 for row-scaled int8 calls from M = 2048 (MIN_M): decode the codes to a dense
+#   int8 weight, then a dense int8 Triton GEMM (triton_dequant_a8.py). benchmarks/probe_a8_dense.py
+#   at b6e054d (results/h200/probe_a8_dense_b6e054d.json), against cuBLAS bf16 with quantization
+#   and decoding included: 0.73-1.05x on the 0.6B shapes and 1.14-1.41x on the 8B ones at
+#   M = 2048..8192, where the fused row-scale kernels ran 0.71-0.94x and 0.95-1.18x; at M <= 512
+#   the decoding pass costs more than it saves (0.42-1.09x). The 128 x 128 x 64 pointer tile
+#   was the best of nine on most shapes; where K >= 2N (o_proj, down_proj) the TMA tile with a
+#   warp-specialised loop (DEQUANT_A8_TMA) was (1.14-1.60x of bf16 against 0.94-1.47x for the
+#   GEMM alone).
 # - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
 #   after the fused kernels and run for what those decline.
 SM90: Table = {
@@ -118,6 +141,7 @@ SM90: Table = {
     "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "cuda_wgmma": [(_BIG, CudaMmaConfig())],
     "cuda_wgmma_a8": [(_BIG, CudaMmaConfig())],
+    "dequant_a8": [(_BIG, DequantA8Config(128, 128, 64, num_warps=4, num_stages=5))],
     "triton_a16": [
         (16, FusedConfig(16, 64, num_warps=4, num_stages=4, max_split_k=8)),
         (32, FusedConfig(32, 128, num_warps=4, num_stages=4, swap=True, max_split_k=8)),
@@ -175,6 +199,7 @@ MIN_M: dict[str, dict[str, int]] = {
     "cuda_wgmma": {"sm90": 65, "default": 65},  # cuda_mma_tiles up to M = 64
     "cuda_wgmma_a8": {"sm90": 17, "default": 17},  # cuda_mma_a8 up to M = 16
     "cuda_dequant": {"sm90": 256, "default": 256},
+    "dequant_a8": {"sm90": 2048, "default": 2048},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }
 
@@ -185,6 +210,16 @@ WGMMA_SMALL_M = 128
 WGMMA_SMALL_M_MIN_K = 2048
 WGMMA_MAX_M = 2048
 WGMMA_LARGE_MIN_NK = 1 << 25
+
+
+# dequant_a8's tile where K >= DEQUANT_A8_TMA_MIN_K_OVER_N * N (see the table's notes).
+DEQUANT_A8_TMA = DequantA8Config(128, 128, 128, num_warps=4, num_stages=4, tma=True)
+DEQUANT_A8_TMA_MIN_K_OVER_N = 2
+
+
+def dequant_a8_tile(config: DequantA8Config, n: int, k: int) -> DequantA8Config:
+    """The tile ``dequant_a8`` runs for a layer of N rows and K columns (``config`` is its bucket's)."""
+    return DEQUANT_A8_TMA if k >= DEQUANT_A8_TMA_MIN_K_OVER_N * n else config
 
 
 def wgmma_declines(m: int, n: int, k: int) -> str:

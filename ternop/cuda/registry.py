@@ -9,7 +9,8 @@ Order (lower priority first):
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales at large M and K, or when forced | int8 (any float x) | a8 |
+| ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up | int8 (any float x) | all |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales when ``dequant_a8`` declines, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -21,10 +22,10 @@ Order (lower priority first):
 Which M each one takes comes from the static per-architecture table in
 ``ternop.cuda.configs``; the choice is made per call from the real M, so one compiled graph
 serves every batch size. Activations of 8 bits only ever run on ``cuda_mma_a8_fused``,
-``cuda_mma_a8``, ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend
+``cuda_mma_a8``, ``dequant_a8``, ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend
 falls back to another numeric path.
 
-Why it is long: one ``can_implement`` a backend, fourteen of them, each with the checks of its
+Why it is long: one ``can_implement`` a backend, fifteen of them, each with the checks of its
 own kernel (M range, layout, dtype, alignment, GPU, build); kept in one file so that the
 priority order above and the answers that follow it are read together.
 """
@@ -69,6 +70,8 @@ def _module(name: str):
         try:
             if name == "launch_triton":
                 from ternop.cuda import launch_triton as mod
+            elif name == "launch_dequant_a8":
+                from ternop.cuda import launch_dequant_a8 as mod
             else:
                 from ternop.cuda import launch_fused as mod
             _modules[name] = (mod, "")
@@ -194,6 +197,25 @@ def _run_dequant(call: backends.LinearCall) -> torch.Tensor:
     return mod.linear_dequant_cublas(
         call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config.block_n, config.block_k
     )
+
+
+def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
+    if call.activation_bits != 8:
+        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    if call.weight_scale.shape[1] != 1:
+        return False, "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
+    why = (_common(call) or _below_floor("dequant_a8", call)
+           or _mma_bucket("dequant_a8", call, "int8 tensor cores"))  # fmt: skip
+    if why:
+        return False, why
+    mod, why = _module("launch_dequant_a8")
+    return (mod is not None), why
+
+
+def _run_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
+    mod, _ = _module("launch_dequant_a8")
+    return mod.linear_dequant_a8(call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config)
 
 
 # --- the first Triton kernels (format v1) -------------------------------------------------------
@@ -443,6 +465,7 @@ BACKENDS = (
     backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
+    backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8),
     backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),

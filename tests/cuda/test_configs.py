@@ -52,7 +52,8 @@ def test_configs_tables_are_ascending_and_well_formed():
 def test_registry_order_and_names():
     registry.register_all()
     names = [b.name for b in backends.available("cuda")]
-    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_mma_tiles", "cuda_wgmma_a8", "cuda_gemv",
+    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_mma_tiles", "dequant_a8", "cuda_wgmma_a8",
+                     "cuda_gemv",
                      "triton_a8",
                      "cuda_dequant",
                      "dequant_cublas", "triton_a16", "triton_gemm", "triton_gemv", "dequant_any"]
@@ -187,3 +188,44 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma_a8")
     assert registry._can_cuda_wgmma_a8(call) == (True, "")
     assert "activation_bits=16" in registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, blocks, None, 16, "a8"))[1]
+
+
+def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):
+    """dequant_a8 (decode to int8, dense int8 GEMM) runs 8-bit activations with one scale per row
+    from M = 2048 on Hopper; block scales, 16-bit activations and smaller M go elsewhere, unless
+    forced (then any M). It is tried before the other large-M int8 backends."""
+    from types import SimpleNamespace
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
+
+    def call(m, scales=1, bits=8):
+        x = SimpleNamespace(shape=(m, 4096), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0,
+                            stride=lambda d: 4096)  # fmt: skip
+        w = SimpleNamespace(shape=(1024, 1024), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, SimpleNamespace(shape=(1024, scales)), None, bits, "a8")
+
+    floor = configs.min_m("dequant_a8", DEV)
+    assert floor == 2048
+    assert registry._can_dequant_a8(call(floor)) == (True, "")
+    ok, why = registry._can_dequant_a8(call(floor - 1))
+    assert not ok and f"M={floor - 1} is below M={floor}" in why
+    ok, why = registry._can_dequant_a8(call(floor, scales=32))
+    assert not ok and "one scale per row" in why
+    ok, why = registry._can_dequant_a8(call(floor, bits=16))
+    assert not ok and "activation_bits=16" in why
+    monkeypatch.setenv("TERNOP_BACKEND", "dequant_a8")
+    assert registry._can_dequant_a8(call(1)) == (True, "")
+    order = [b.name for b in registry.BACKENDS if b.name in ("dequant_a8", "cuda_wgmma_a8", "triton_a8")]
+    prio = {b.name: b.priority for b in registry.BACKENDS}
+    assert sorted(order, key=lambda name: (prio[name], name)) == ["dequant_a8", "cuda_wgmma_a8", "triton_a8"]
+
+
+def test_dequant_a8_tile_follows_its_rule():
+    pointer = configs.SM90["dequant_a8"][-1][1]
+    assert not pointer.tma
+    assert configs.dequant_a8_tile(pointer, 1024, 2048) is configs.DEQUANT_A8_TMA
+    assert configs.dequant_a8_tile(pointer, 4096, 14336) is configs.DEQUANT_A8_TMA
+    assert configs.dequant_a8_tile(pointer, 4096, 4096) is pointer
+    assert configs.dequant_a8_tile(pointer, 4096, 1024) is pointer

@@ -93,10 +93,12 @@ def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     ternop.linear(x[:1], packed, scale, layout=layout)  # loads the CUDA backends
     backend = backends.get(name)
     ok, why = backend.can_implement(_call(x, packed, scale, None, bits, layout))
-    if ok or name not in EXT_BACKENDS:
+    if ok:
         return
     if "needs sm_80" in why or "wgmma needs sm_90a" in why or " configs for " in why:
         pytest.skip(why)  # an older GPU, or an architecture whose table lacks the backend
+    if name not in EXT_BACKENDS:
+        return
     if "extension not built" in why:
         from torch.utils import cpp_extension
 
@@ -369,8 +371,12 @@ def test_linear_cuda_dispatch_by_m():
     assert chosen[4096] in ("cuda_dequant", "dequant_cublas", "triton_a16")
     reasons = dict((name, why) for name, ok, why in backends.explain(_call(x, packed, scale)) if not ok)
     assert "M=4096" in reasons["triton_gemv"]
-    # int8 activations only ever run on the W2A8 backends (triton_a8 at this M)
+    # int8 activations only ever run on the W2A8 backends (triton_a8 at this M; with a scale per
+    # row, dequant_a8 on Hopper)
     assert backends.select(_call(x, packed, scale, bits=8)).name == "triton_a8"
+    row = scale[:, :1].contiguous()
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert backends.select(_call(x, packed, row, bits=8)).name == ("dequant_a8" if hopper else "triton_a8")
 
 
 @pytest.mark.parametrize("m", [1, 300])
@@ -571,13 +577,15 @@ def _row_scale(n):
     return (torch.rand(n, 1, device="cuda") * 0.1 + 0.01).half()
 
 
-@pytest.mark.parametrize("name", [None, "triton_a8", *A8_CPP])
+@pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", *A8_CPP])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, name, dtype):
     """One scale per row (weight_scale [N, 1]) leaves a kernel no freedom (ternop/activations.py):
     every W2A8 backend must equal the CPU reference bit for bit, on ragged shapes, strided x, a
-    strided bias, and the split-K launches of the small-M shapes."""
-    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (1, 14336, 520)]:
+    strided bias, the split-K launches of the small-M shapes, and M past the large-M floors
+    (dequant_a8's two tiles: K >= 2N and K < 2N)."""
+    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (1, 14336, 520),
+                                (2049, 2048, 264), (2100, 1024, 1100)]:  # fmt: skip
         if not _a8_takes(name, m, k):
             continue
         v1, _ = _weights(n, k)
@@ -585,7 +593,7 @@ def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, 
         packed = layouts.repack(v1, "a8")
         x = torch.randn(m, 2 * k, device="cuda").to(dtype)[:, :k]
         bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]
-        if name in A8_CPP:
+        if name is not None:
             _skip_unavailable(name, x, packed, row, bits=8, layout="a8")
         _force(monkeypatch, name)
         y = ternop.linear(x, packed, row, bias, activation_bits=8, layout="a8")
@@ -617,7 +625,7 @@ def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
 
 
-@pytest.mark.parametrize("m", [3, 200])
+@pytest.mark.parametrize("m", [3, 200, 2100])
 def test_linear_cuda_a8_row_scales_graph_capture_and_compile(m):
     v1, _ = _weights(520, 1024)
     packed, row = layouts.repack(v1, "a8"), _row_scale(520)
@@ -667,7 +675,7 @@ def test_linear_cuda_a8_never_falls_back(monkeypatch):
     for name in BACKENDS:
         ok, why = backends.get(name).can_implement(_call(x, v1, scale, bits=8))
         assert not ok and "16-bit" in why, name
-    keep = {k: b for k, b in backends._BACKENDS.items() if k not in ("triton_a8", *A8_CPP)}
+    keep = {k: b for k, b in backends._BACKENDS.items() if k not in ("triton_a8", "dequant_a8", *A8_CPP)}
     monkeypatch.setattr(backends, "_BACKENDS", keep)
     monkeypatch.setattr(backends, "_ORDER", {})
     monkeypatch.setattr(backends, "_CHOICE", {})
