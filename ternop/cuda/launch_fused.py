@@ -21,6 +21,8 @@ from ternop.cuda.triton_fused import fused_a8_kernel, fused_a16_kernel, quant_ro
 from ternop.layouts import LAYOUT_CODES
 
 _REDUCE_BLOCK = 1024
+# From this M on, quantize_rows reads long rows in blocks of 4096.
+QUANT_TWO_PASS_MIN_M = 1024
 
 
 def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch.dtype):
@@ -75,7 +77,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     qs = torch.empty((m,), dtype=torch.float32, device=x.device)
-    block_k = min(16384, triton.next_power_of_2(k))  # one read of the row up to K = 16384
+    # Small M: one read of the row up to K = 16384 (this kernel's latency is on every layer's
+    # critical path). Large M: blocks of at most 4096, the row read twice (the second time from
+    # L2), which keeps the kernel near HBM speed (probe_a8_dense.py --quant on the H200: 101 us
+    # against 172 us at M = 8192, K = 14336; the same time where K <= 4096).
+    block_k = min(16384 if m < QUANT_TWO_PASS_MIN_M else 4096, triton.next_power_of_2(k))
     quant_rows_kernel[(m,)](
         x, q, qs, k, x.stride(0), q.stride(0),
         BLOCK_K=block_k, num_warps=8 if block_k >= 8192 else 4,
