@@ -146,11 +146,14 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ms", default="128,512,2048,8192")
     ap.add_argument("--quant", action="store_true", help="time the quantization kernel's variants instead")
+    ap.add_argument("--dispatcher-only", action="store_true",
+                    help="time cuBLAS bf16 and the dispatcher's ternop_a8_row only (no probe kernels)")
     args = ap.parse_args()
     if args.quant:
         probe_quant(args.out)
         return 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    configs = [] if args.dispatcher_only else CONFIGS
     ms = [int(v) for v in args.ms.split(",")]
     rows = []
     dt = torch.bfloat16
@@ -174,12 +177,14 @@ def main() -> int:
                 t["quant"] = time_graph(lambda i: quantize_rows(x), 20)
                 t["decode"] = time_graph(lambda i: decode(tern[i % len(tern)][0].view(torch.int32), work), len(tern))
                 try:
+                    if args.dispatcher_only:
+                        raise RuntimeError("skipped (--dispatcher-only)")
                     t["int_mm"] = time_graph(lambda i: torch._int_mm(q, w8s[i % len(w8s)].t()), len(w8s))
                 except Exception as exc:
                     print("int_mm failed", exc, flush=True)
                 ref = ternop.linear(x, *tern[0], activation_bits=8, layout="a8")
                 best = None
-                for cfg in CONFIGS:
+                for cfg in configs:
                     try:
                         t["dense:" + cfg[0]] = time_graph(
                             lambda i: dense(q, qs, w8s[i % len(w8s)], tern[i % len(w8s)][1], out, cfg), len(w8s))
@@ -204,6 +209,10 @@ def main() -> int:
                 line = {"family": family, "K": k, "N": n, "M": m, "us": {kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in t.items()}}
                 line["x_vs_bf16"] = {kk: round(b / v, 3) for kk, v in t.items() if isinstance(v, float)}
                 rows.append(line)
+                if args.dispatcher_only:
+                    print(f"{k:6d}->{n:6d} M={m:5d} bf16 {b:8.1f}us a8row x{b / t['ternop_a8_row']:.2f} "
+                          f"{t['ternop_a8_row']:8.1f}us decode {t['decode']:.1f}us quant {t['quant']:.1f}us", flush=True)
+                    continue
                 print(f"{k:6d}->{n:6d} M={m:5d} bf16 {b:8.1f}us a8row x{b / t['ternop_a8_row']:.2f} "
                       f"int_mm x{b / t.get('int_mm', float('inf')):.2f} "
                       f"full x{b / t.get('full_best', float('inf')):.2f} ({t.get('best_cfg')}) "

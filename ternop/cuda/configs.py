@@ -66,14 +66,13 @@ class DequantConfig:
 @dataclass(frozen=True)
 class DequantA8Config:
     """Tile of the dense int8 GEMM of ``dequant_a8`` (``triton_dequant_a8.py``): BLOCK_M tokens x
-    BLOCK_N weight rows x BLOCK_K; ``tma`` picks the TMA, warp-specialised kernel (Hopper)."""
+    BLOCK_N weight rows x BLOCK_K."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
-    tma: bool = False
     group_m: int = 8
 
 
@@ -128,9 +127,8 @@ _BIG = 1 << 62
 #   and decoding included: 0.73-1.05x on the 0.6B shapes and 1.14-1.41x on the 8B ones at
 #   M = 2048..8192, where the fused row-scale kernels ran 0.71-0.94x and 0.95-1.18x; at M <= 512
 #   the decoding pass costs more than it saves (0.42-1.09x). The 128 x 128 x 64 pointer tile
-#   was the best of nine on most shapes; where K >= 2N (o_proj, down_proj) the TMA tile with a
-#   warp-specialised loop (DEQUANT_A8_TMA) was (1.14-1.60x of bf16 against 0.94-1.47x for the
-#   GEMM alone).
+#   was the best of nine on most shapes (a TMA tile was faster where K >= 2N, see
+#   triton_dequant_a8.py for why it is not used).
 # - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
 #   after the fused kernels and run for what those decline.
 SM90: Table = {
@@ -210,16 +208,6 @@ WGMMA_SMALL_M = 128
 WGMMA_SMALL_M_MIN_K = 2048
 WGMMA_MAX_M = 2048
 WGMMA_LARGE_MIN_NK = 1 << 25
-
-
-# dequant_a8's tile where K >= DEQUANT_A8_TMA_MIN_K_OVER_N * N (see the table's notes).
-DEQUANT_A8_TMA = DequantA8Config(128, 128, 128, num_warps=4, num_stages=4, tma=True)
-DEQUANT_A8_TMA_MIN_K_OVER_N = 2
-
-
-def dequant_a8_tile(config: DequantA8Config, n: int, k: int) -> DequantA8Config:
-    """The tile ``dequant_a8`` runs for a layer of N rows and K columns (``config`` is its bucket's)."""
-    return DEQUANT_A8_TMA if k >= DEQUANT_A8_TMA_MIN_K_OVER_N * n else config
 
 
 def wgmma_declines(m: int, n: int, k: int) -> str:

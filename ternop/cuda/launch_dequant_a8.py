@@ -15,15 +15,10 @@ import triton
 
 from ternop.cuda import configs
 from ternop.cuda.launch_fused import quantize_rows
-from ternop.cuda.triton_dequant_a8 import decode_int8_kernel, int8_gemm_kernel, int8_gemm_tma_kernel
+from ternop.cuda.triton_dequant_a8 import decode_int8_kernel, int8_gemm_kernel
 from ternop.layouts import LAYOUT_CODES
 
 _DECODE_ROWS = 32
-
-try:  # host-side TMA descriptors (triton >= 3.3)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton: the pointer kernel only
-    TensorDescriptor = None
 
 
 def decode_int8(weight_packed: torch.Tensor, layout: str) -> torch.Tensor:
@@ -44,28 +39,12 @@ def linear_dequant_a8(x, weight_packed, weight_scale, bias, layout: str, config:
     m, k = q.shape
     n = w8.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if TensorDescriptor is not None:
-        config = configs.dequant_a8_tile(config, n, k)
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
-    dims = (m, n, k)
-    common = dict(
+    int8_gemm_kernel[grid](
+        q, qs, w8, weight_scale, bias if bias is not None else out, out, m, n, k,
+        q.stride(0), w8.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m, num_warps=config.num_warps,
+        GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         enable_fp_fusion=False,  # the row scale, the token scale and the bias each round on their own
     )
-    b = bias if bias is not None else out
-    stride_b = bias.stride(0) if bias is not None else 0
-    if config.tma:
-        q_desc = TensorDescriptor.from_tensor(q, [config.block_m, config.block_k])
-        w_desc = TensorDescriptor.from_tensor(w8, [config.block_n, config.block_k])
-        int8_gemm_tma_kernel[grid](
-            q_desc, qs, w_desc, weight_scale, b, out, *dims,
-            weight_scale.stride(0), stride_b, out.stride(0), STAGES=config.num_stages, **common,
-        )
-    else:
-        int8_gemm_kernel[grid](
-            q, qs, w8, weight_scale, b, out, *dims,
-            q.stride(0), w8.stride(0), weight_scale.stride(0), stride_b, out.stride(0),
-            num_stages=config.num_stages, **common,
-        )
     return out

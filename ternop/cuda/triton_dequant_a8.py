@@ -16,8 +16,11 @@ int32 partials scaled block by block on CUDA cores, which is what limits the fus
 
 - ``decode_int8_kernel``: codes in any layout -> int8 values [N, K] (``triton_decode``).
 - ``int8_gemm_kernel``: pointer loads, pipelined by ``num_stages``; every GPU with int8 ``tl.dot``.
-- ``int8_gemm_tma_kernel``: TMA tensor descriptors and a warp-specialised loop (Hopper),
-  faster on the layers whose K is large against N.
+
+A variant reading q and w through TMA descriptors with a warp-specialised loop was faster on
+the layers whose K is large against N when its descriptors were built on the device
+(benchmarks/probe_a8_dense.py), but that needs a process-wide Triton allocator, and with
+host-built descriptors it hung on the H200 (Triton 3.6); it is not part of the path.
 """
 
 from __future__ import annotations
@@ -82,22 +85,5 @@ def int8_gemm_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
         acc = tl.dot(tl.load(q_ptrs), tl.trans(tl.load(w_ptrs)), acc, out_dtype=tl.int32)
         q_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    _epilogue(acc, qs_ptr, s_ptr, b_ptr, out_ptr, pid_m, pid_n, M, N, stride_sn, stride_b, stride_om,
-              HAS_BIAS, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def int8_gemm_tma_kernel(q_desc, qs_ptr, w_desc, s_ptr, b_ptr, out_ptr, M, N, K,
-                         stride_sn, stride_b, stride_om,
-                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    """``int8_gemm_kernel`` with q and w read through TMA descriptors (boxes [BLOCK_M, BLOCK_K]
-    and [BLOCK_N, BLOCK_K]; out-of-range rows read as zeros) and a warp-specialised K loop."""
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES, warp_specialize=True):
-        q = q_desc.load([pid_m * BLOCK_M, k])
-        w = w_desc.load([pid_n * BLOCK_N, k])
-        acc = tl.dot(q, w.T, acc, out_dtype=tl.int32)
     _epilogue(acc, qs_ptr, s_ptr, b_ptr, out_ptr, pid_m, pid_n, M, N, stride_sn, stride_b, stride_om,
               HAS_BIAS, BLOCK_M, BLOCK_N)

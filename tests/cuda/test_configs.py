@@ -220,12 +220,3 @@ def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):
     order = [b.name for b in registry.BACKENDS if b.name in ("dequant_a8", "cuda_wgmma_a8", "triton_a8")]
     prio = {b.name: b.priority for b in registry.BACKENDS}
     assert sorted(order, key=lambda name: (prio[name], name)) == ["dequant_a8", "cuda_wgmma_a8", "triton_a8"]
-
-
-def test_dequant_a8_tile_follows_its_rule():
-    pointer = configs.SM90["dequant_a8"][-1][1]
-    assert not pointer.tma
-    assert configs.dequant_a8_tile(pointer, 1024, 2048) is configs.DEQUANT_A8_TMA
-    assert configs.dequant_a8_tile(pointer, 4096, 14336) is configs.DEQUANT_A8_TMA
-    assert configs.dequant_a8_tile(pointer, 4096, 4096) is pointer
-    assert configs.dequant_a8_tile(pointer, 4096, 1024) is pointer

@@ -582,8 +582,7 @@ def _row_scale(n):
 def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, name, dtype):
     """One scale per row (weight_scale [N, 1]) leaves a kernel no freedom (ternop/activations.py):
     every W2A8 backend must equal the CPU reference bit for bit, on ragged shapes, strided x, a
-    strided bias, the split-K launches of the small-M shapes, and M past the large-M floors
-    (dequant_a8's two tiles: K >= 2N and K < 2N)."""
+    strided bias, the split-K launches of the small-M shapes, and M past the large-M floors."""
     for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (1, 14336, 520),
                                 (2049, 2048, 264), (2100, 1024, 1100)]:  # fmt: skip
         if not _a8_takes(name, m, k):
