@@ -146,6 +146,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ms", default="128,512,2048,8192")
     ap.add_argument("--quant", action="store_true", help="time the quantization kernel's variants instead")
+    ap.add_argument("--shapes", default="", help="K:N,... (default: every shape of bench_linear)")
     ap.add_argument("--dispatcher-only", action="store_true",
                     help="time cuBLAS bf16 and the dispatcher's ternop_a8_row only (no probe kernels)")
     args = ap.parse_args()
@@ -159,6 +160,8 @@ def main() -> int:
     dt = torch.bfloat16
     for family, shapes in SHAPES.items():
         for k, n in shapes:
+            if args.shapes and f"{k}:{n}" not in args.shapes.split(","):
+                continue
             base = make_weights(k, n, copies_for(n * k // 4))
             tern = [(layouts.repack(p, "a8"), s[:, :1].contiguous()) for p, s in base]
             dense_copies = copies_for(n * k)

@@ -210,6 +210,24 @@ WGMMA_MAX_M = 2048
 WGMMA_LARGE_MIN_NK = 1 << 25
 
 
+# dequant_a8 wants at least this many output tiles per SM: at M = 2048 on the N = 1024 layers
+# (128 tiles of 128 x 128 on 132 SMs) it ran 0.63-0.64x of cuBLAS bf16, behind triton_a8's
+# 0.72-0.75x, and ahead from M = 8192 (0.82-0.83x against 0.71-0.73x; results/h200/
+# bench_a8_row_dequant_fa26c74.json and bench_linear.json).
+DEQUANT_A8_MIN_TILES_PER_SM = 2
+
+
+def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
+    """Why dequant_a8 leaves an (M, N) to the fused kernels (too few tiles to fill the GPU), or ""."""
+    tile = TABLES[arch_key(device)]["dequant_a8"][-1][1]
+    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+    sms = sm_count(device)
+    if tiles < DEQUANT_A8_MIN_TILES_PER_SM * sms:
+        return (f"M={m}, N={n}: {tiles} tiles of {tile.block_m} x {tile.block_n} for {sms} SMs, below "
+                f"{DEQUANT_A8_MIN_TILES_PER_SM} a SM; the fused kernels are faster there")
+    return ""
+
+
 def wgmma_declines(m: int, n: int, k: int) -> str:
     """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
     if m <= WGMMA_SMALL_M:

@@ -208,6 +208,10 @@ def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("dequant_a8", call, "int8 tensor cores"))  # fmt: skip
     if why:
         return False, why
+    if not _forced("dequant_a8"):
+        why = configs.dequant_a8_declines(call.m, call.n, call.x.device)
+        if why:
+            return False, why
     mod, why = _module("launch_dequant_a8")
     return (mod is not None), why
 

@@ -197,14 +197,15 @@ def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):
     from types import SimpleNamespace
 
     _sm90(monkeypatch)
+    monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
-    def call(m, scales=1, bits=8):
+    def call(m, scales=1, bits=8, n=4096):
         x = SimpleNamespace(shape=(m, 4096), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0,
                             stride=lambda d: 4096)  # fmt: skip
-        w = SimpleNamespace(shape=(1024, 1024), data_ptr=lambda: 0)
-        return backends.LinearCall(x, w, SimpleNamespace(shape=(1024, scales)), None, bits, "a8")
+        w = SimpleNamespace(shape=(n, 1024), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, "a8")
 
     floor = configs.min_m("dequant_a8", DEV)
     assert floor == 2048
@@ -215,6 +216,10 @@ def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):
     assert not ok and "one scale per row" in why
     ok, why = registry._can_dequant_a8(call(floor, bits=16))
     assert not ok and "activation_bits=16" in why
+    # Too few 128 x 128 tiles to fill 132 SMs twice: 2048 x 1024 gives 128.
+    ok, why = registry._can_dequant_a8(call(floor, n=1024))
+    assert not ok and "128 tiles" in why and "132 SMs" in why
+    assert registry._can_dequant_a8(call(4 * floor, n=1024)) == (True, "")
     monkeypatch.setenv("TERNOP_BACKEND", "dequant_a8")
     assert registry._can_dequant_a8(call(1)) == (True, "")
     order = [b.name for b in registry.BACKENDS if b.name in ("dequant_a8", "cuda_wgmma_a8", "triton_a8")]
