@@ -405,7 +405,8 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         # Row scales: ahead of triton_a8's row form only on the wide layers at large M
         # (sweep_wgmma_a8_row_0da2207.log and bench_linear_row_356497c.json on the H200: 0.97-1.30x
         # of cuBLAS bf16 at M >= 2048 with K = 4096 against 1.06-1.08x for triton_a8; 0.5-0.7x
-        # against 0.66-0.88x on the 0.6B layers, K <= 3072).
+        # against 0.66-0.88x on the 0.6B layers, K <= 3072). dequant_a8 goes first and takes most
+        # of these calls; this kernel keeps those it declines (too few output tiles).
         if call.m < WGMMA_A8_ROW_MIN_M or call.k < WGMMA_A8_ROW_MIN_K:
             why = (f"row scales at M={call.m}, K={call.k}: triton_a8 is faster below M={WGMMA_A8_ROW_MIN_M} "
                    f"or K={WGMMA_A8_ROW_MIN_K}")  # fmt: skip
