@@ -41,14 +41,22 @@ ROW_SCALE_MAX_K = (1 << 24) // QMAX // BLOCK_SIZE * BLOCK_SIZE
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (any float dtype) -> (q int8 [M, K], s_x fp32 [M]) as the module docstring says."""
+    """x [..., K] (any float dtype) -> (q int8 [..., K], s_x fp32 [...]) as the module docstring says.
+
+    Written in plain torch ops so that ``torch.compile`` can fuse it into what produces x (an
+    RMSNorm, an activation) and hand int8 rows to ``ternop::linear_q8``; compiled or not, it
+    gives these bits. The two divisions run in fp64 and round once to fp32: for fp32 operands
+    a 53-bit quotient rounds to the IEEE fp32 quotient (double rounding is harmless from
+    2 * 24 + 2 bits on), and compilers lower fp64 division exactly where their fp32 division
+    may be approximate (Triton's ``/`` is ``div.full.f32``).
+    """
     xf = x2.to(torch.float32)
-    amax = xf.abs().amax(dim=1)
-    # A tensor numerator: `QMAX / t` would run as t.reciprocal() * QMAX, two roundings, not the
-    # one IEEE division the spec names (and the CUDA kernels compute).
-    inv = torch.where(amax > 0, torch.full_like(amax, QMAX) / torch.where(amax > 0, amax, 1.0), 0.0)
-    q = torch.round(xf * inv[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
-    return q, amax / QMAX
+    amax = xf.abs().amax(dim=-1)
+    a64 = amax.to(torch.float64)
+    # A tensor numerator: `QMAX / t` would run as t.reciprocal() * QMAX, two roundings.
+    inv = torch.where(amax > 0, (torch.full_like(a64, QMAX) / torch.where(a64 > 0, a64, 1.0)).to(torch.float32), 0.0)
+    q = torch.round(xf * inv.unsqueeze(-1)).clamp(-QMAX, QMAX).to(torch.int8)
+    return q, (a64 / QMAX).to(torch.float32)
 
 
 def weight_values(weight_packed: torch.Tensor, layout: str = "v1") -> torch.Tensor:
