@@ -1,6 +1,7 @@
 """ternop: ternary-weight linear layers for PyTorch and vLLM.
 
-Importing ternop registers ``torch.ops.ternop.linear`` and its CPU backend. It never
+Importing ternop registers ``torch.ops.ternop.linear`` (and ``linear_q8``, the same product
+from already quantized int8 activations) and the CPU backend. It never
 imports vllm or triton and never initialises CUDA; the CUDA backends load on the first
 CUDA call.
 """
@@ -8,7 +9,7 @@ CUDA call.
 from ternop import cpu as _cpu  # noqa: F401  (registers the CPU backend)
 from ternop.format import BLOCK_SIZE, FORMAT_VERSION, FormatError, dequantize, pack_codes, unpack_codes
 from ternop.modules import QuantizeReport, TernaryLinear, quantize_module
-from ternop.ops import linear, ternary_linear
+from ternop.ops import linear, linear_q8, ternary_linear
 from ternop.quantize import quantize_weight
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ __all__ = [
     "TernaryLinear",
     "dequantize",
     "linear",
+    "linear_q8",
     "pack_codes",
     "quantize_module",
     "quantize_weight",

@@ -37,6 +37,10 @@ class LinearCall(NamedTuple):
     weight_scale: fp16 [N, K/128] contiguous, or [N, 1] (a scale per row) when activation_bits
     is 8 (the op expands a row scale for 16-bit activations); bias: [N] in x's dtype (any stride) or None;
     activation_bits: 16 (x as given) or 8 (x quantized per token to int8).
+
+    A call of ``ternop::linear_q8`` arrives already quantized: x is the int8 q [M, K],
+    ``x_scale`` its fp32 token scales [M] and ``out_dtype`` the output's dtype (and the bias's);
+    activation_bits is 8. Otherwise both are None and the output has x's dtype.
     """
 
     x: torch.Tensor
@@ -45,6 +49,18 @@ class LinearCall(NamedTuple):
     bias: torch.Tensor | None
     activation_bits: int = 16
     layout: str = "v1"
+    x_scale: torch.Tensor | None = None
+    out_dtype: torch.dtype | None = None
+
+    @property
+    def quantized(self) -> bool:
+        """Whether x arrives as int8 rows with their scales (``ternop::linear_q8``)."""
+        return self.x_scale is not None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The output's dtype."""
+        return self.out_dtype if self.out_dtype is not None else self.x.dtype
 
     @property
     def m(self) -> int:
@@ -65,6 +81,7 @@ class LinearCall(NamedTuple):
             x.device, x.dtype, x.shape[0], w.shape[0], x.shape[1], x.stride(0),
             x.data_ptr() % 16, w.data_ptr() % 16, self.bias is None, self.activation_bits, self.layout,
             self.weight_scale.shape[1] == 1,  # a scale per row
+            self.out_dtype,
         )
 
 

@@ -32,7 +32,7 @@ def _linear_a16(call: backends.LinearCall, out: torch.Tensor) -> None:
 
 
 def _linear_a8(call: backends.LinearCall, out: torch.Tensor) -> None:
-    q, sx = quantize_rows(call.x)
+    q, sx = (call.x, call.x_scale) if call.quantized else quantize_rows(call.x)
     nb = call.k // BLOCK_SIZE
     row_scaled = call.weight_scale.shape[1] == 1  # one scale per row: the sum runs over all of K
     rows = max(1, _CHUNK_ELEMS // (call.k + call.m * nb))
@@ -51,8 +51,9 @@ def _linear_a8(call: backends.LinearCall, out: torch.Tensor) -> None:
 
 
 def _linear_cpu(call: backends.LinearCall) -> torch.Tensor:
-    """x [M, K] (fp16/bf16/fp32) -> [M, N] in x's dtype; fp32 accumulation (int32 per block for A8)."""
-    out = torch.empty((call.m, call.n), dtype=call.x.dtype, device=call.x.device)
+    """x [M, K] (fp16/bf16/fp32, or int8 rows with their scales) -> [M, N] in the call's dtype;
+    fp32 accumulation (int32 per block, or per row, for A8)."""
+    out = torch.empty((call.m, call.n), dtype=call.dtype, device=call.x.device)
     (_linear_a8 if call.activation_bits == 8 else _linear_a16)(call, out)
     return out
 

@@ -11,6 +11,16 @@ and accumulates in fp32; ``activation_bits=8`` quantizes x per token to int8 and
 int32 per 128-block, or over all of K with row scales (``ternop.activations`` is its spec).
 The op is functional (it mutates nothing) and inference-only: it has no backward.
 
+    ternop::linear_q8(Tensor q, Tensor x_scale, Tensor weight_packed, Tensor weight_scale,
+                      Tensor? bias, ScalarType out_dtype, str layout="v1") -> Tensor
+
+is the same product with ``activation_bits=8`` after the per-token quantization: q int8
+[..., K] and x_scale fp32 [...] as ``ternop.activations.quantize_rows`` makes them, the
+output [..., N] in ``out_dtype``. ``linear_q8(*quantize_rows(x), w, s, b, x.dtype)`` is
+``linear(x, w, s, b, 8)`` bit for bit. It exists so that a compiled graph can fuse the
+quantization into what produces x (an RMSNorm, an activation) and hand int8 rows straight
+to the GEMM; the vLLM plugin calls it under ``torch.compile``.
+
 Every device runs the same entry: check, view x as [M, K] (copying only when K is not its
 unit-stride dimension), pick a backend from the registry for this call, view the result back.
 """
@@ -21,16 +31,22 @@ import torch
 
 from ternop import backends
 from ternop.format import BLOCK_SIZE
-from ternop.meta import check_linear_inputs, inputs_ok, linear_fake
+from ternop.meta import check_linear_inputs, check_q8_inputs, inputs_ok, linear_fake, linear_q8_fake
 
 SCHEMA = (
     "(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, "
     "int activation_bits=16, str layout=\"v1\") -> Tensor"
 )
 QUALNAME = "ternop::linear"
+Q8_SCHEMA = (
+    "(Tensor q, Tensor x_scale, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
+    "ScalarType out_dtype, str layout=\"v1\") -> Tensor"
+)
+Q8_QUALNAME = "ternop::linear_q8"
 
 _lib = torch.library.Library("ternop", "DEF")
 _lib.define("linear" + SCHEMA)
+_lib.define("linear_q8" + Q8_SCHEMA)
 
 _cuda_loaded = False
 
@@ -76,9 +92,38 @@ def _linear_impl(
     return out if len(lead) == 1 else out.view(*lead, n)
 
 
+def _linear_q8_impl(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    layout: str = "v1",
+) -> torch.Tensor:
+    n, k = check_q8_inputs(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout)
+    lead = q.shape[:-1]
+    q2 = q.reshape(-1, k)
+    if q2.shape[0] == 0:
+        return q.new_empty((*lead, n), dtype=out_dtype)
+    if q2.stride(1) != 1 or (q2.shape[0] > 1 and q2.stride(0) < k):
+        q2 = q2.contiguous()
+    s2 = x_scale.reshape(-1).contiguous()
+    if q2.device.type == "cuda":
+        _load_cuda_backends()
+    weight_packed = weight_packed.contiguous()
+    weight_scale = weight_scale.contiguous()
+    call = backends.LinearCall(q2, weight_packed, weight_scale, bias, 8, layout, s2, out_dtype)
+    out = backends.select(call).run(call)
+    return out if len(lead) == 1 else out.view(*lead, n)
+
+
 _lib.impl("linear", _linear_impl, "CPU")
 _lib.impl("linear", _linear_impl, "CUDA")
 torch.library.register_fake(QUALNAME, linear_fake, lib=_lib)
+_lib.impl("linear_q8", _linear_q8_impl, "CPU")
+_lib.impl("linear_q8", _linear_q8_impl, "CUDA")
+torch.library.register_fake(Q8_QUALNAME, linear_q8_fake, lib=_lib)
 
 
 def _backward(ctx, grad):
@@ -90,6 +135,7 @@ def _backward(ctx, grad):
 
 
 torch.library.register_autograd(QUALNAME, _backward, lib=_lib)
+torch.library.register_autograd(Q8_QUALNAME, _backward, lib=_lib)
 
 
 def ternary_linear(
@@ -112,3 +158,23 @@ def ternary_linear(
 
 
 linear = ternary_linear
+
+
+def linear_q8(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype,
+    layout: str = "v1",
+) -> torch.Tensor:
+    """``ternop.linear(x, ..., activation_bits=8)`` from x already quantized, via
+    ``torch.ops.ternop.linear_q8``.
+
+    q: int8 [..., K] and x_scale: float32 [...], as ``ternop.activations.quantize_rows(x)``
+    returns them; the weights as for ``ternary_linear``; bias: [N] in ``out_dtype`` or None.
+    Returns [..., N] in ``out_dtype``.
+    """
+    return torch.ops.ternop.linear_q8(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout)

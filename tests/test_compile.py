@@ -93,3 +93,46 @@ def test_ternary_linear_module_matches_dense():
     down_w = ternop.dequantize(model.down.weight_packed, model.down.weight_scale)
     ref = torch.relu(x @ up_w.T + model.up.bias) @ down_w.T
     torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_quantization_fuses_before_linear_q8_with_the_same_bits():
+    """The vLLM plugin's compiled W2A8 path: an RMSNorm, the plain-torch per-token quantization,
+    then ternop::linear_q8. Inductor compiles the norm and the quantization into its own code
+    (no ternop::linear is left to quantize inside). Given the same x, the compiled quantization
+    and product equal the eager ``ternop.linear(x, activation_bits=8)`` bit for bit, for two M
+    from one dynamic trace, and the compiled quantization matches the spec's numpy form on half
+    a million values, its fp64 divisions included. (Through a norm, only the norm's own
+    rounding under Inductor may differ from eager.)"""
+    import numpy as np
+    from torch._inductor.utils import run_and_get_code
+
+    from ternop.activations import quantize_rows
+    from tests.reference import quantize_rows_np
+
+    packed, scale = random_packed(96, 384)
+    row = scale[:, :1].contiguous()
+    weight = torch.randn(384)
+
+    def q8(x):
+        return ternop.linear_q8(*quantize_rows(x), packed, row, out_dtype=x.dtype)
+
+    def rms_q8(x):
+        return q8(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(q8, fullgraph=True, dynamic=True)
+        for m in (7, 33):
+            x = torch.randn(m, 384) * 3
+            assert torch.equal(compiled(x), ternop.linear(x, packed, row, activation_bits=8)), m
+        x = torch.randn(7, 384)
+        got, code = run_and_get_code(torch.compile(rms_q8, fullgraph=True, dynamic=True), x)
+        assert torch.allclose(got, rms_q8(x), rtol=1e-2, atol=1e-2)
+        text = "\n".join(code)
+        assert "linear_q8" in text and "ternop.linear.default" not in text
+        big = torch.randn(512, 1024, generator=torch.Generator().manual_seed(1)) * 5
+        big[3] = 0
+        q, s = torch.compile(quantize_rows, fullgraph=True, dynamic=True)(big)
+        q_np, s_np = quantize_rows_np(big)
+        np.testing.assert_array_equal(q.numpy(), q_np)
+        np.testing.assert_array_equal(s.numpy(), s_np)

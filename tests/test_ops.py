@@ -425,3 +425,76 @@ def test_cuda_op_schemas_and_fake_kernels_exist_without_a_gpu():
         torch.ops.ternop.linear_cuda(torch.empty(3, 128, **meta), w, s)
     if not torch.cuda.is_available():
         assert not any(cpp_ops.has_kernel(op) for op in cpp_ops.OPS)
+
+
+# --- ternop::linear_q8: the W2A8 product from already quantized rows ---------------------------
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [False, True], ids=["block-scales", "row-scales"])
+def test_linear_q8_is_linear_a8_bit_for_bit(layout, dtype, rows):
+    """linear_q8(*quantize_rows(x)) is linear(x, activation_bits=8): same backend arithmetic,
+    the quantization moved out of the op. Leading dims, strided q, a bias."""
+    from ternop.activations import quantize_rows
+
+    packed, scale = random_packed(72, 384, reserved=True)
+    packed = layouts.repack(packed, layout)
+    if rows:
+        scale = scale[:, :1].contiguous()
+    x = torch.randn(2, 3, 384).to(dtype)
+    bias = torch.randn(72).to(dtype)
+    q, s = quantize_rows(x)
+    assert q.shape == (2, 3, 384) and s.shape == (2, 3)
+    want = ternop.linear(x, packed, scale, bias, activation_bits=8, layout=layout)
+    got = ternop.linear_q8(q, s, packed, scale, bias, out_dtype=dtype, layout=layout)
+    assert got.dtype == dtype and torch.equal(got, want)
+    wide = torch.zeros(6, 512, dtype=torch.int8)
+    wide[:, :384] = q.reshape(6, 384)
+    strided = ternop.linear_q8(wide[:, :384], s.reshape(6), packed, scale, bias, out_dtype=dtype, layout=layout)
+    assert torch.equal(strided, want.reshape(6, 72))
+    assert ternop.linear_q8(q[:0], s[:0], packed, scale, out_dtype=dtype, layout=layout).shape == (0, 3, 72)
+
+
+def test_linear_q8_opcheck_and_fake():
+    from ternop.activations import quantize_rows
+
+    packed, scale = random_packed(40, 256)
+    q, s = quantize_rows(torch.randn(5, 256))
+    bias = torch.randn(40, dtype=torch.bfloat16)
+    for args in [(q, s, packed, scale, bias, torch.bfloat16, "v1"), (q, s, packed, scale[:, :1], None, torch.float32, "v1")]:
+        torch.library.opcheck(torch.ops.ternop.linear_q8.default, args)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = torch.ops.ternop.linear_q8(mode.from_tensor(q), mode.from_tensor(s), mode.from_tensor(packed),
+                                          mode.from_tensor(scale), None, torch.float16)  # fmt: skip
+    assert fake.shape == (5, 40) and fake.dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (dict(q=torch.zeros(5, 256)), "q must be int8"),
+        (dict(s=torch.zeros(5, dtype=torch.float16)), "x_scale must be float32"),
+        (dict(s=torch.zeros(4)), r"x_scale must have q's leading shape \[5\], got \[4\]"),
+        (dict(out_dtype=torch.int8), "out_dtype must be float16, bfloat16 or float32"),
+        (dict(bias=torch.zeros(40, dtype=torch.float16)), "bias must have out_dtype torch.float32"),
+        (dict(q=torch.zeros(5, 384, dtype=torch.int8)), "q has K=384 in its last dimension"),
+        (dict(layout="v2"), "layout must be one of v1, a16, a8"),
+    ],
+)
+def test_linear_q8_errors_name_the_argument(over, message):
+    packed, scale = random_packed(40, 256)
+    args = dict(q=torch.zeros(5, 256, dtype=torch.int8), s=torch.ones(5), bias=None, out_dtype=torch.float32,
+                layout="v1")  # fmt: skip
+    args.update(over)
+    with pytest.raises(RuntimeError, match=f"ternop.linear_q8: {message}"):
+        ternop.linear_q8(args["q"], args["s"], packed, scale, args["bias"], out_dtype=args["out_dtype"],
+                         layout=args["layout"])  # fmt: skip
+
+
+def test_linear_q8_has_no_backward():
+    packed, scale = random_packed(40, 256)
+    s = torch.ones(5, requires_grad=True)
+    y = ternop.linear_q8(torch.zeros(5, 256, dtype=torch.int8), s, packed, scale, out_dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        y.sum().backward()

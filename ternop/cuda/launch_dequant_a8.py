@@ -1,10 +1,11 @@
 """Launcher of the ``dequant_a8`` path (``triton_dequant_a8.py``).
 
-    linear_dequant_a8(x [M, K] any float, weight_packed uint8 [N, K/4] in ``layout``,
-                      weight_scale fp16 [N, 1], bias [N] | None, layout, config) -> [M, N] in x's dtype
+    linear_dequant_a8(q int8 [M, K], qs fp32 [M], weight_packed uint8 [N, K/4] in ``layout``,
+                      weight_scale fp16 [N, 1], bias [N] | None, layout, config, dtype) -> [M, N] in dtype
 
-Three launches on the current stream: per-token quantization (``launch_fused.quantize_rows``),
-decoding into an int8 workspace [N, K], and the dense int8 GEMM. Everything is allocated
+q and qs are x quantized per token (``launch_fused.quantize_rows``, or the caller's
+``ternop::linear_q8`` arguments). Two launches on the current stream: decoding into an int8
+workspace [N, K], and the dense int8 GEMM. Everything is allocated
 from the caching allocator and nothing syncs, so the path is capture-safe.
 """
 
@@ -14,7 +15,6 @@ import torch
 import triton
 
 from ternop.cuda import configs
-from ternop.cuda.launch_fused import quantize_rows
 from ternop.cuda.triton_dequant_a8 import decode_int8_kernel, int8_gemm_kernel
 from ternop.layouts import LAYOUT_CODES
 
@@ -33,12 +33,12 @@ def decode_int8(weight_packed: torch.Tensor, layout: str) -> torch.Tensor:
     return out
 
 
-def linear_dequant_a8(x, weight_packed, weight_scale, bias, layout: str, config: configs.DequantA8Config):
-    q, qs = quantize_rows(x)
+def linear_dequant_a8(q, qs, weight_packed, weight_scale, bias, layout: str, config: configs.DequantA8Config,
+                      dtype: torch.dtype) -> torch.Tensor:
     w8 = decode_int8(weight_packed, layout)
     m, k = q.shape
     n = w8.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=dtype, device=q.device)
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     int8_gemm_kernel[grid](
         q, qs, w8, weight_scale, bias if bias is not None else out, out, m, n, k,

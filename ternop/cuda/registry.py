@@ -81,7 +81,10 @@ def _module(name: str):
 
 
 def _common(call: backends.LinearCall) -> str:
-    if call.x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if call.quantized:  # ternop::linear_q8: int8 rows; the output dtype was checked by the op
+        if call.x.dtype != torch.int8:
+            return f"quantized x must be int8, got {call.x.dtype}"
+    elif call.x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"x dtype {call.x.dtype} is not float16/bfloat16/float32"
     # The Triton kernels read weight_packed as int32 words.
     if call.weight_packed.data_ptr() % 4:
@@ -140,7 +143,9 @@ def _run_triton_a16(call: backends.LinearCall) -> torch.Tensor:
 def _run_triton_a8(call: backends.LinearCall) -> torch.Tensor:
     config, _ = configs.lookup("triton_a8", call.m, call.x.device, True)
     mod, _ = _module("launch_fused")
-    return mod.linear_a8(call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config)
+    q, qs = _rows(call)
+    return mod.linear_a8_quantized(q, qs, call.weight_packed, call.weight_scale, call.bias, call.layout, config,
+                                   call.dtype)  # fmt: skip
 
 
 # --- dequantize, then cuBLAS --------------------------------------------------------------------
@@ -219,7 +224,9 @@ def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
 def _run_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
     config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
     mod, _ = _module("launch_dequant_a8")
-    return mod.linear_dequant_a8(call.x, call.weight_packed, call.weight_scale, call.bias, call.layout, config)
+    q, qs = _rows(call)
+    return mod.linear_dequant_a8(q, qs, call.weight_packed, call.weight_scale, call.bias, call.layout, config,
+                                 call.dtype)  # fmt: skip
 
 
 # --- the first Triton kernels (format v1) -------------------------------------------------------
@@ -337,6 +344,8 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
     if call.m > CUDA_MMA_A8_FUSED_MAX_M or call.m * call.k > CUDA_MMA_A8_FUSED_MAX_BYTES:
         return False, (f"M={call.m}, K={call.k}: the fused quantization takes M <= {CUDA_MMA_A8_FUSED_MAX_M} "
                        f"and M * K <= {CUDA_MMA_A8_FUSED_MAX_BYTES}")  # fmt: skip
+    if call.quantized:
+        return False, "x arrives quantized (ternop::linear_q8); this kernel quantizes x itself"
     if call.m * call.n * call.k > CUDA_MMA_A8_FUSED_MAX_MNK and not _forced("cuda_mma_a8_fused"):
         return False, (f"M * N * K = {call.m * call.n * call.k} is above {CUDA_MMA_A8_FUSED_MAX_MNK}, where every "
                        "CTA re-reading x costs more than the quantization launch")  # fmt: skip
@@ -428,15 +437,22 @@ def _contiguous(call: backends.LinearCall):
     return call.x.contiguous(), call.weight_packed, call.weight_scale, _bias(call)
 
 
-def _quantized(call: backends.LinearCall):
-    """The arguments of the C++ W2A8 ops but the output dtype: x quantized per token (Triton kernel)."""
+def _rows(call: backends.LinearCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [M, K], s_x fp32 [M]): as the call brings them (ternop::linear_q8), or x
+    quantized per token by the Triton kernel."""
+    if call.quantized:
+        return call.x.contiguous(), call.x_scale
     mod, _ = _module("launch_fused")
-    q, qs = mod.quantize_rows(call.x)
-    return q, qs, call.weight_packed, call.weight_scale, _bias(call)
+    return mod.quantize_rows(call.x)
+
+
+def _quantized(call: backends.LinearCall):
+    """The arguments of the C++ W2A8 ops but the output dtype."""
+    return *_rows(call), call.weight_packed, call.weight_scale, _bias(call)
 
 
 def _run_cuda_wgmma_a8(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_wgmma_a8(*_quantized(call), call.x.dtype)
+    return torch.ops.ternop.linear_cuda_wgmma_a8(*_quantized(call), call.dtype)
 
 
 def _run_cuda_wgmma(call: backends.LinearCall) -> torch.Tensor:
@@ -457,7 +473,7 @@ def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.x.dtype)
+    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.dtype)
 
 
 def _run_cuda_mma_a8_fused(call: backends.LinearCall) -> torch.Tensor:

@@ -43,65 +43,81 @@ def check_linear_inputs(
         lambda: f"ternop.linear: x must be float16, bfloat16 or float32, got {x.dtype}",
     )
     torch._check(x.dim() >= 1, lambda: "ternop.linear: x must have at least 1 dimension [..., K], got a 0-d tensor")
+    return check_weights(x, weight_packed, weight_scale, bias, x.dtype)
+
+
+def check_weights(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    op: str = "ternop.linear",
+    x_name: str = "x",
+    out_what: str = "x's dtype",
+) -> tuple[int, int]:
+    """The checks of the weights, the bias and their agreement with the activations ``x``
+    ([..., K], on the weights' device), shared by ``ternop::linear`` and ``ternop::linear_q8``.
+    ``out_dtype`` is the output's dtype, which a bias must have. Returns (N, K)."""
     torch._check(
         weight_packed.dtype == torch.uint8,
-        lambda: f"ternop.linear: weight_packed must be uint8 [N, K/4], got dtype {weight_packed.dtype}",
+        lambda: f"{op}: weight_packed must be uint8 [N, K/4], got dtype {weight_packed.dtype}",
     )
     torch._check(
         weight_packed.dim() == 2,
-        lambda: f"ternop.linear: weight_packed must be 2-D [N, K/4], got shape {tuple(weight_packed.shape)}",
+        lambda: f"{op}: weight_packed must be 2-D [N, K/4], got shape {tuple(weight_packed.shape)}",
     )
     torch._check(
         weight_scale.dtype == torch.float16,
-        lambda: f"ternop.linear: weight_scale must be float16 [N, K/{BLOCK_SIZE}], got dtype {weight_scale.dtype}",
+        lambda: f"{op}: weight_scale must be float16 [N, K/{BLOCK_SIZE}], got dtype {weight_scale.dtype}",
     )
     torch._check(
         weight_scale.dim() == 2,
-        lambda: f"ternop.linear: weight_scale must be 2-D [N, K/{BLOCK_SIZE}], got shape {tuple(weight_scale.shape)}",
+        lambda: f"{op}: weight_scale must be 2-D [N, K/{BLOCK_SIZE}], got shape {tuple(weight_scale.shape)}",
     )
     n = weight_packed.shape[0]
     k = weight_packed.shape[1] * CODES_PER_BYTE
     torch._check(
         n > 0 and k > 0,
-        lambda: f"ternop.linear: weight_packed is empty, shape {tuple(weight_packed.shape)}",
+        lambda: f"{op}: weight_packed is empty, shape {tuple(weight_packed.shape)}",
     )
     torch._check(
         k % BLOCK_SIZE == 0,
-        lambda: f"ternop.linear: K={k} must be a multiple of {BLOCK_SIZE} "
+        lambda: f"{op}: K={k} must be a multiple of {BLOCK_SIZE} "
         f"(weight_packed [N, K/4] has shape {tuple(weight_packed.shape)})",
     )
     torch._check(
         x.shape[-1] == k,
-        lambda: f"ternop.linear: x has K={x.shape[-1]} in its last dimension, but weight_packed "
+        lambda: f"{op}: {x_name} has K={x.shape[-1]} in its last dimension, but weight_packed "
         f"{tuple(weight_packed.shape)} holds K={k} (K/4={weight_packed.shape[1]})",
     )
     torch._check(
         weight_scale.shape[0] == n and (weight_scale.shape[1] == k // BLOCK_SIZE or weight_scale.shape[1] == 1),
-        lambda: f"ternop.linear: weight_scale must have shape [N, K/{BLOCK_SIZE}] = [{n}, {k // BLOCK_SIZE}] "
+        lambda: f"{op}: weight_scale must have shape [N, K/{BLOCK_SIZE}] = [{n}, {k // BLOCK_SIZE}] "
         f"(or [{n}, 1], a scale per row), got {list(weight_scale.shape)}",
     )
     torch._check(
         weight_scale.shape[1] != 1 or k <= ROW_SCALE_MAX_K,
-        lambda: f"ternop.linear: row scales ([N, 1]) take K <= {ROW_SCALE_MAX_K}, where the int32 sums "
+        lambda: f"{op}: row scales ([N, 1]) take K <= {ROW_SCALE_MAX_K}, where the int32 sums "
         f"stay exact in fp32; got K={k}",
     )
     torch._check(
         weight_packed.device == x.device and weight_scale.device == x.device,
-        lambda: f"ternop.linear: all tensors must be on one device, got x on {x.device}, "
+        lambda: f"{op}: all tensors must be on one device, got {x_name} on {x.device}, "
         f"weight_packed on {weight_packed.device}, weight_scale on {weight_scale.device}",
     )
     if bias is not None:
         torch._check(
             bias.dim() == 1 and bias.shape[0] == n,
-            lambda: f"ternop.linear: bias must have shape [N] = [{n}], got {list(bias.shape)}",
+            lambda: f"{op}: bias must have shape [N] = [{n}], got {list(bias.shape)}",
         )
         torch._check(
-            bias.dtype == x.dtype,
-            lambda: f"ternop.linear: bias must have x's dtype {x.dtype}, got {bias.dtype}",
+            bias.dtype == out_dtype,
+            lambda: f"{op}: bias must have {out_what} {out_dtype}, got {bias.dtype}",
         )
         torch._check(
             bias.device == x.device,
-            lambda: f"ternop.linear: bias is on {bias.device} but x is on {x.device}",
+            lambda: f"{op}: bias is on {bias.device} but {x_name} is on {x.device}",
         )
     return n, k
 

@@ -719,3 +719,44 @@ def test_linear_cuda_a8_compile_dynamic_m_one_graph():
         with torch._dynamo.config.patch(error_on_recompile=True):
             y = compiled(x)
         torch.testing.assert_close(y, f(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", "cuda_mma_a8", "cuda_wgmma_a8"])
+@pytest.mark.parametrize("rows", [False, True], ids=["block-scales", "row-scales"])
+def test_linear_q8_equals_linear_a8_bit_for_bit(monkeypatch, name, rows):
+    """ternop::linear_q8 on the rows quantize_rows makes is ternop::linear with activation_bits=8,
+    bit for bit, on every W2A8 backend that takes already quantized rows (cuda_mma_a8_fused
+    quantizes x itself and declines them)."""
+    from ternop.activations import quantize_rows
+
+    for m, k, n in [(1, 1024, 136), (16, 2048, 264), (200, 1024, 520), (2100, 1024, 1100)]:
+        if name == "cuda_mma_a8" and m > 16:
+            continue
+        v1, scale = _weights(n, k)
+        packed = layouts.repack(v1, "a8")
+        if rows:
+            scale = _row_scale(n)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        if name is not None:
+            _skip_unavailable(name, x, packed, scale, bits=8, layout="a8")
+        _force(monkeypatch, name)
+        want = ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8")
+        got = ternop.linear_q8(*quantize_rows(x), packed, scale, bias, out_dtype=torch.bfloat16, layout="a8")
+        monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+        assert torch.equal(got, want), (name, m, k, n)
+
+
+def test_compiled_quantize_rows_on_cuda_matches_the_spec():
+    """Inductor's CUDA code for quantize_rows (what the vLLM plugin's compiled W2A8 layers run)
+    gives the CPU reference's bits on two million values: its fp32 divisions would not (Triton's
+    `/` is approximate), its fp64 ones do."""
+    from ternop.activations import quantize_rows
+
+    x = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(0)) * 5
+    x[2] = 0
+    torch._dynamo.reset()
+    q, s = torch.compile(quantize_rows, fullgraph=True, dynamic=True)(x.cuda())
+    q_ref, s_ref = quantize_rows(x)
+    assert torch.equal(s.cpu(), s_ref)
+    assert torch.equal(q.cpu(), q_ref), int((q.cpu() != q_ref).sum())

@@ -174,7 +174,9 @@ def check_dequant_a8() -> bool:
         row = (torch.rand(n, 1) * 0.1 + 0.01).to(torch.float16)
         x = torch.randn(m, 2 * k)[:, :k]
         bias = torch.randn(2 * n)[::2]
-        y = launch_dequant_a8.linear_dequant_a8(x, packed, row, bias, layout, DequantA8Config(16, 16, 64, num_stages=2))
+        q, qs = launch_fused.quantize_rows(x)
+        y = launch_dequant_a8.linear_dequant_a8(q, qs, packed, row, bias, layout, DequantA8Config(16, 16, 64, num_stages=2),
+                                                x.dtype)  # fmt: skip
         exact = torch.equal(y, ternop.linear(x, packed, row, bias, activation_bits=8, layout=layout))
         print(f"dequant a8 [{layout}]: M={m} K={k} N={n} bit for bit {'ok' if exact else 'FAIL'}")
         ok &= exact
