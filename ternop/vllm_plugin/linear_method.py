@@ -12,14 +12,22 @@ read fastest (``ternop.layouts.preferred_layout``: "a16" or "a8" on CUDA, format
 a weight reload loads v1 bytes again and is repacked again. With int8 activations, a layer
 whose rows each share one scale also keeps that scale as ``ternop_row_scale`` [N, 1], the
 form the W2A8 kernels sum over all of K (``ternop.activations``).
+
+With int8 activations in a compiled model (vLLM's default), ``apply`` quantizes x with the
+plain torch ops of ``ternop.activations.quantize_rows`` and calls ``ternop::linear_q8`` on
+the int8 rows: Inductor then fuses the quantization into the RMSNorm or activation that
+produces x, instead of a separate pass over x inside the op. The bits are the same either
+way. ``TERNOP_FUSE_QUANT=0`` keeps the quantization inside ``ternop::linear``.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import ternop  # noqa: F401  (registers torch.ops.ternop.linear)
-from ternop.activations import row_scales
+from ternop.activations import quantize_rows, row_scales
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, PACKED_DTYPE, SCALE_DTYPE, FormatError, validate
 from ternop.layouts import preferred_layout, repack
 from ternop.vllm_plugin._compat import (
@@ -30,6 +38,10 @@ from ternop.vllm_plugin._compat import (
 )
 
 _EXPECTED = {"weight_packed": (PACKED_DTYPE, CODES_PER_BYTE), "weight_scale": (SCALE_DTYPE, BLOCK_SIZE)}
+
+# Whether compiled W2A8 layers quantize x in the graph, where Inductor can fuse it (read once,
+# at import; vLLM's workers import the plugin after their environment is set).
+FUSE_QUANT = os.environ.get("TERNOP_FUSE_QUANT", "1") != "0"
 
 
 def _checked_loader(weight_loader, prefix: str, name: str, input_size: int):
@@ -142,5 +154,9 @@ class TernaryLinearMethod(LinearMethodBase):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.
         scale = layer.ternop_row_scale if layer.ternop_row_scaled else layer.weight_scale
+        if layer.ternop_activation_bits == 8 and FUSE_QUANT and torch.compiler.is_compiling():
+            q, x_scale = quantize_rows(x)
+            return torch.ops.ternop.linear_q8(q, x_scale, layer.weight_packed, scale, bias, x.dtype,
+                                              layer.ternop_layout)
         return torch.ops.ternop.linear(x, layer.weight_packed, scale, bias, layer.ternop_activation_bits,
                                        layer.ternop_layout)
