@@ -729,6 +729,8 @@ def test_linear_q8_equals_linear_a8_bit_for_bit(monkeypatch, name, rows):
     quantizes x itself and declines them)."""
     from ternop.activations import quantize_rows
 
+    if name == "dequant_a8" and not rows:
+        pytest.skip("dequant_a8 runs row scales only")
     for m, k, n in [(1, 1024, 136), (16, 2048, 264), (200, 1024, 520), (2100, 1024, 1100)]:
         if name == "cuda_mma_a8" and m > 16:
             continue
