@@ -14,7 +14,8 @@ from ternop.format import (
     dequantize,
     packed_bytes,
 )
-from ternop.ops import ternary_linear
+from ternop.activations import quantize_rows
+from ternop.ops import linear_q8, ternary_linear
 from ternop.quantize import quantize_weight
 from ternop.selection import QuantizeReport, select_linears
 
@@ -30,6 +31,9 @@ class TernaryLinear(nn.Module):
     ``activation_bits`` is how the layer treats its input: 16 (as given, the default) or 8
     (quantized per token to int8, int32 per 128-block; ternop/activations.py is the spec).
     A checkpoint's ``quantization_config.activation_bits`` sets it when ``ternop.hf`` loads one.
+    Under ``torch.compile`` an 8-bit layer quantizes x with ``ternop.activations.quantize_rows``
+    in the graph and calls ``ternop::linear_q8`` (same bits), so the quantization can fuse into
+    what produces x.
 
     ``module.to(dtype)`` / ``.half()`` move the bias to that dtype once, like a dense layer's;
     ``weight_scale`` stays float16 (the format's dtype) and only changes device.
@@ -95,6 +99,11 @@ class TernaryLinear(nn.Module):
         if bias is not None and bias.dtype != x.dtype:
             # Only when the caller mixes dtypes; a model moved with .to(dtype) already holds it in x's dtype.
             bias = bias.to(x.dtype)
+        if self.activation_bits == 8 and torch.compiler.is_compiling():
+            # Compiled: quantize x in the graph, where Inductor can fuse it into what produces x;
+            # linear_q8 then gives what ternary_linear(..., 8) gives, bit for bit.
+            q, x_scale = quantize_rows(x)
+            return linear_q8(q, x_scale, self.weight_packed, self.weight_scale, bias, out_dtype=x.dtype)
         return ternary_linear(x, self.weight_packed, self.weight_scale, bias, self.activation_bits)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -136,3 +136,20 @@ def test_compiled_quantization_fuses_before_linear_q8_with_the_same_bits():
         q_np, s_np = quantize_rows_np(big)
         np.testing.assert_array_equal(q.numpy(), q_np)
         np.testing.assert_array_equal(s.numpy(), s_np)
+
+
+def test_compiled_a8_ternary_linear_quantizes_in_the_graph():
+    """TernaryLinear with activation_bits=8 under torch.compile quantizes x in the graph and calls
+    ternop::linear_q8; the model's output is eager's, bit for bit."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    model = TwoLayer().eval()
+    for layer in (model.up, model.down):
+        layer.activation_bits = 8
+    with torch.no_grad():
+        x = torch.randn(5, 256)
+        got, code = run_and_get_code(torch.compile(model, fullgraph=True, dynamic=True), x)
+        assert torch.equal(got, model(x))
+    text = "\n".join(code)
+    assert text.count("linear_q8") >= 2 and "ternop.linear.default" not in text
