@@ -18,7 +18,8 @@ Implementations: the dispatcher (what ``ternop.linear`` picks from M) as a serve
 calls it: ``ternop`` (16-bit activations, weights repacked to the a16 layout), ``ternop_v1``
 (the same on format-v1 weights as stored) and ``ternop_a8`` (int8 activations, a8 layout,
 per-token quantization included), ``ternop_a8_row`` (the same with one scale per weight row,
-``weight_scale`` [N, 1]); every backend that can run the call, forced
+``weight_scale`` [N, 1]), and ``ternop_q8_row`` (that product from rows quantized beforehand,
+``ternop.linear_q8``: what is left when a compiled model fuses the quantization away); every backend that can run the call, forced
 (``backend:<name>[<layout>]``); ``cublas_bf16`` (F.linear on bf16 weights) and
 ``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call); and, when
 vLLM is importable, ``marlin_w4a16``: vLLM's Marlin kernel on GPTQ int4 weights (group 128,
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 
 import ternop
 from ternop import backends, layouts
+from ternop.activations import quantize_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stamp import git_commit  # noqa: E402
@@ -134,6 +136,7 @@ def make_marlin(k: int, n: int, copies: int):
 
 def impls(x, tern, dense, marlin=None):
     """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies."""
+    q, q_scale = quantize_rows(x)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
     v1, a16, a8, a8r = tern["v1"], tern["a16"], tern["a8"], tern["a8 row"]
     res = {
@@ -143,6 +146,10 @@ def impls(x, tern, dense, marlin=None):
         "ternop_v1": (lambda i: ternop.linear(x, *v1[i % len(v1)]), len(v1)),
         "ternop_a8": (lambda i: ternop.linear(x, *a8[i % len(a8)], activation_bits=8, layout="a8"), len(a8)),
         "ternop_a8_row": (lambda i: ternop.linear(x, *a8r[i % len(a8r)], activation_bits=8, layout="a8"), len(a8r)),
+        # The same from rows quantized beforehand (ternop::linear_q8), as a compiled model runs it
+        # when the quantization fuses into the op before the layer: the product alone.
+        "ternop_q8_row": (lambda i: ternop.linear_q8(q, q_scale, *a8r[i % len(a8r)], out_dtype=x.dtype, layout="a8"),
+                          len(a8r)),
     }
     if marlin is not None:
         marlin_call, copies = marlin
@@ -205,9 +212,10 @@ def run_bench(args, save=None) -> dict:
                             if kname.startswith("backend:") and "[a8" not in kname] or [(math.inf, "-")])
                 tern_us, a8_us = row.get("ternop", math.inf), row.get("ternop_a8", math.inf)
                 a8r_us = row.get("ternop_a8_row", math.inf)
+                q8r_us = row.get("ternop_q8_row", math.inf)
                 marlin_us = row.get("marlin_w4a16", math.inf)
                 print(f"{family:5s} {k:6d}->{n:6d} M={m:5d}  bf16 {base:9.2f} us  ternop {tern_us:9.2f} us "
-                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  a8 row x{base / a8r_us:5.2f}  marlin x{base / marlin_us:5.2f}  "
+                      f"x{base / tern_us:5.2f}  a8 x{base / a8_us:5.2f}  a8 row x{base / a8r_us:5.2f}  (q8 x{base / q8r_us:5.2f})  marlin x{base / marlin_us:5.2f}  "
                       f"best a16 {best[1][8:]} x{base / best[0]:5.2f}",
                       flush=True)
             del tern, dense, base, marlin

@@ -1,13 +1,14 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
-        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row]
+        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
           intermediate 3072, vocab 151936), `convert="embed"`, last-token pooling: bf16, ternary
           (16-bit activations) and ternary with int8 activations ("activation_bits": 8; with
-          --a8-scales row its blocks share one scale per row, ternary_a8_row), all
+          --a8-scales row its blocks share one scale per row, ternary_a8_row; with --a8-unfused
+          the same int8 model once more with TERNOP_FUSE_QUANT=0, "<name>_unfused"), all
           written here with random weights. All models are loaded at once, one process each,
           and the runs are interleaved: each round runs every workload on every model (the
           order of the models rotates), with prompts drawn anew for each round, so neither the
@@ -518,6 +519,9 @@ def main() -> None:
     parser.add_argument("--a8-scales", choices=["block", "row"], default="block",
                         help="the embedding A8 model's scales: one per 128 weights (ternary_a8), or one per row, "
                              "which the int8 kernels sum over all of K (ternary_a8_row)")
+    parser.add_argument("--a8-unfused", action="store_true",
+                        help="also run the int8 model with TERNOP_FUSE_QUANT=0 (x quantized inside the op, not by "
+                             "the compiled graph), interleaved with the others")  # fmt: skip
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -563,11 +567,11 @@ def main() -> None:
 class _Worker:
     """One model's worker process, driven through its stdin and stdout."""
 
-    def __init__(self, name: str, model: Path, args):
+    def __init__(self, name: str, model: Path, args, env_extra: dict | None = None):
         cmd = [sys.executable, __file__, "--worker", "embed", "--model", str(model), "--dtype", args.dtype,
                "--gpu-fraction", str(args.gpu_fraction)]  # fmt: skip
         cmd += ["--tiny"] if args.tiny else []
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env_extra or {}))
         self.name = name
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
@@ -600,13 +604,18 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     shape = TINY_SHAPE if args.tiny else EMBED_SHAPE
     t0 = time.perf_counter()
     folders = {"bf16": write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype)}
+    envs: dict[str, dict] = {}
     if not args.no_a16:
         folders["ternary"] = write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)
     if not args.no_a8:
         row = args.a8_scales == "row"
-        folders["ternary_a8_row" if row else "ternary_a8"] = write_model(
+        a8 = "ternary_a8_row" if row else "ternary_a8"
+        folders[a8] = write_model(
             work / f"embed-ternary-a8-{args.a8_scales}", shape, ternary=True, dtype_name=args.dtype, activation_bits=8,
             row_scales=row)
+        if args.a8_unfused:  # the same model with the quantization inside ternop::linear
+            folders[a8 + "_unfused"] = folders[a8]
+            envs[a8 + "_unfused"] = {"TERNOP_FUSE_QUANT": "0"}
     res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                              "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "models": {}}  # fmt: skip
     workers = {}
@@ -615,7 +624,7 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         # which another engine starting beside it would make wrong.
         starts = list(folders.items())
         for name, folder in reversed(starts) if args.reverse_start else starts:
-            workers[name] = _Worker(name, folder, args)
+            workers[name] = _Worker(name, folder, args, envs.get(name))
             res["models"][name] = {**workers[name].result(), "throughput": {}, "latency": {}}
         names = list(workers)
         # The same host-side micro-measurements in every engine's process, before and after the
