@@ -20,7 +20,9 @@ int32 partials scaled block by block on CUDA cores, which is what limits the fus
 A variant reading q and w through TMA descriptors with a warp-specialised loop was faster on
 the layers whose K is large against N when its descriptors were built on the device
 (benchmarks/probe_a8_dense.py), but that needs a process-wide Triton allocator, and with
-host-built descriptors it hung on the H200 (Triton 3.6); it is not part of the path.
+host-built descriptors the first layers that took it (K >= 2N) never finished within the
+runs' time limits on the H200 (Triton 3.6; a hang or a minutes-long compile, not told
+apart); it is not part of the path.
 """
 
 from __future__ import annotations
