@@ -31,7 +31,7 @@ import torch
 
 from ternop import backends
 from ternop.format import BLOCK_SIZE
-from ternop.meta import check_linear_inputs, check_q8_inputs, inputs_ok, linear_fake, linear_q8_fake
+from ternop.meta import check_linear_inputs, check_q8_inputs, inputs_ok, linear_fake, linear_q8_fake, q8_inputs_ok
 
 SCHEMA = (
     "(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, "
@@ -101,7 +101,9 @@ def _linear_q8_impl(
     out_dtype: torch.dtype,
     layout: str = "v1",
 ) -> torch.Tensor:
-    n, k = check_q8_inputs(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout)
+    if not q8_inputs_ok(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout):
+        check_q8_inputs(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout)  # raises, naming the problem
+    n, k = weight_packed.shape[0], q.shape[-1]
     lead = q.shape[:-1]
     q2 = q.reshape(-1, k)
     if q2.shape[0] == 0:

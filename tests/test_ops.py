@@ -487,6 +487,10 @@ def test_linear_q8_errors_name_the_argument(over, message):
     args = dict(q=torch.zeros(5, 256, dtype=torch.int8), s=torch.ones(5), bias=None, out_dtype=torch.float32,
                 layout="v1")  # fmt: skip
     args.update(over)
+    from ternop.meta import q8_inputs_ok
+
+    assert not q8_inputs_ok(args["q"], args["s"], packed, scale, args["bias"], args["out_dtype"], args["layout"])
+    assert q8_inputs_ok(torch.zeros(5, 256, dtype=torch.int8), torch.ones(5), packed, scale, None, torch.float32)
     with pytest.raises(RuntimeError, match=f"ternop.linear_q8: {message}"):
         ternop.linear_q8(args["q"], args["s"], packed, scale, args["bias"], out_dtype=args["out_dtype"],
                          layout=args["layout"])  # fmt: skip

@@ -135,15 +135,26 @@ def inputs_ok(
     The eager op calls this plain-Python test first (a few microseconds) and runs
     ``check_linear_inputs`` only to produce the message when it fails.
     """
+    if x.dtype not in X_DTYPES or x.dim() < 1 or activation_bits not in ACTIVATION_BITS:
+        return False
+    return weights_ok(x, weight_packed, weight_scale, bias, x.dtype, layout)
+
+
+def weights_ok(
+    x: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    layout: str = "v1",
+) -> bool:
+    """True exactly when ``check_weights`` (and the layout check) would pass, for real tensors."""
     xs, ps, ss = x.shape, weight_packed.shape, weight_scale.shape
     if (
-        x.dtype not in X_DTYPES
-        or len(xs) < 1
-        or weight_packed.dtype != torch.uint8
+        weight_packed.dtype != torch.uint8
         or len(ps) != 2
         or weight_scale.dtype != torch.float16
         or len(ss) != 2
-        or activation_bits not in ACTIVATION_BITS
         or layout not in LAYOUTS
     ):
         return False
@@ -157,7 +168,7 @@ def inputs_ok(
         return False
     if bias is not None:
         bs = bias.shape
-        if len(bs) != 1 or bs[0] != n or bias.dtype != x.dtype or bias.device != device:
+        if len(bs) != 1 or bs[0] != n or bias.dtype != out_dtype or bias.device != device:
             return False
     return True
 

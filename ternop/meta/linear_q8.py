@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ternop.layouts import LAYOUTS
-from ternop.meta.linear import X_DTYPES, check_weights
+from ternop.meta.linear import X_DTYPES, check_weights, weights_ok
 
 OP = "ternop.linear_q8"
 
@@ -53,6 +53,24 @@ def check_q8_inputs(
         lambda: f"{OP}: out_dtype must be float16, bfloat16 or float32, got {out_dtype}",
     )
     return check_weights(q, weight_packed, weight_scale, bias, out_dtype, op=OP, x_name="q", out_what="out_dtype")
+
+
+def q8_inputs_ok(
+    q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    layout: str = "v1",
+) -> bool:
+    """True exactly when ``check_q8_inputs`` would pass, for real tensors: the op's fast test,
+    about a microsecond, before the checks that name a problem."""
+    if q.dtype != torch.int8 or x_scale.dtype != torch.float32 or out_dtype not in X_DTYPES or q.dim() < 1:
+        return False
+    if x_scale.shape != q.shape[:-1] or x_scale.device != q.device:
+        return False
+    return weights_ok(q, weight_packed, weight_scale, bias, out_dtype, layout)
 
 
 def linear_q8_fake(
