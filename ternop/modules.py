@@ -32,8 +32,9 @@ class TernaryLinear(nn.Module):
     (quantized per token to int8, int32 per 128-block; ternop/activations.py is the spec).
     A checkpoint's ``quantization_config.activation_bits`` sets it when ``ternop.hf`` loads one.
     Under ``torch.compile`` an 8-bit layer quantizes x with ``ternop.activations.quantize_rows``
-    in the graph and calls ``ternop::linear_q8`` (same bits), so the quantization can fuse into
-    what produces x.
+    in the graph and calls ``ternop::linear_q8`` (the same bits for a given x), so the
+    quantization can fuse into what produces x (which Inductor may then round differently in
+    the last bit, as compiled code does anyway).
 
     ``module.to(dtype)`` / ``.half()`` move the bias to that dtype once, like a dense layer's;
     ``weight_scale`` stays float16 (the format's dtype) and only changes device.
@@ -101,7 +102,7 @@ class TernaryLinear(nn.Module):
             bias = bias.to(x.dtype)
         if self.activation_bits == 8 and torch.compiler.is_compiling():
             # Compiled: quantize x in the graph, where Inductor can fuse it into what produces x;
-            # linear_q8 then gives what ternary_linear(..., 8) gives, bit for bit.
+            # for a given x, linear_q8 then gives what ternary_linear(..., 8) gives, bit for bit.
             q, x_scale = quantize_rows(x)
             return linear_q8(q, x_scale, self.weight_packed, self.weight_scale, bias, out_dtype=x.dtype)
         return ternary_linear(x, self.weight_packed, self.weight_scale, bias, self.activation_bits)

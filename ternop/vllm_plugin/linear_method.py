@@ -16,8 +16,11 @@ form the W2A8 kernels sum over all of K (``ternop.activations``).
 With int8 activations in a compiled model (vLLM's default), ``apply`` quantizes x with the
 plain torch ops of ``ternop.activations.quantize_rows`` and calls ``ternop::linear_q8`` on
 the int8 rows: Inductor then fuses the quantization into the RMSNorm or activation that
-produces x, instead of a separate pass over x inside the op. The bits are the same either
-way. ``TERNOP_FUSE_QUANT=0`` keeps the quantization inside ``ternop::linear``.
+produces x, instead of a separate pass over x inside the op. Given the same x, the result is
+the same bits either way; but in the fused kernel Inductor computes that x itself, and its
+rounding of a norm in bf16 can differ from the unfused graph's in the last bit (on the CPU
+about 3% of the int8 values moved by one step), as compiled norms already differ from eager
+ones. ``TERNOP_FUSE_QUANT=0`` keeps the quantization inside ``ternop::linear``.
 """
 
 from __future__ import annotations
