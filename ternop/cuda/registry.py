@@ -107,6 +107,12 @@ def _a16_only(call: backends.LinearCall) -> str:
     return ""
 
 
+def _a8_only(call: backends.LinearCall) -> str:
+    if call.activation_bits != 8:
+        return f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    return ""
+
+
 def _v1_only(call: backends.LinearCall) -> str:
     if call.layout != "v1":
         return f"layout {call.layout!r}: this backend reads format v1 only"
@@ -205,8 +211,9 @@ def _run_dequant(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
-    if call.activation_bits != 8:
-        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    why = _a8_only(call)
+    if why:
+        return False, why
     if call.weight_scale.shape[1] != 1:
         return False, "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
     why = (_common(call) or _below_floor("dequant_a8", call)
@@ -325,8 +332,9 @@ def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
-    if call.activation_bits != 8:
-        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    why = _a8_only(call)
+    if why:
+        return False, why
     if call.m > CUDA_MMA_MAX_M:
         return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
     why = _mma_bucket("cuda_mma_a8", call, "mma.sync m16n8k32 s8")
@@ -339,8 +347,9 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
-    if call.activation_bits != 8:
-        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    why = _a8_only(call)
+    if why:
+        return False, why
     if call.m > CUDA_MMA_A8_FUSED_MAX_M or call.m * call.k > CUDA_MMA_A8_FUSED_MAX_BYTES:
         return False, (f"M={call.m}, K={call.k}: the fused quantization takes M <= {CUDA_MMA_A8_FUSED_MAX_M} "
                        f"and M * K <= {CUDA_MMA_A8_FUSED_MAX_BYTES}")  # fmt: skip
@@ -397,8 +406,9 @@ def _hopper_wgmma(call: backends.LinearCall) -> str:
 
 
 def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
-    if call.activation_bits != 8:
-        return False, f"activation_bits={call.activation_bits}: this backend runs 8-bit activations"
+    why = _a8_only(call)
+    if why:
+        return False, why
     why = (_below_floor("cuda_wgmma_a8", call, "where the mma.sync kernels are faster")
            or _mma_bucket("cuda_wgmma_a8", call, "wgmma"))  # fmt: skip
     if why:
