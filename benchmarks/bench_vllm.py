@@ -339,6 +339,7 @@ def worker_embed(args) -> None:
             "by": "device" | "cpu"} | {"op": "probe"} (host_probe.py) | {"op": "quit"}
     stdout: lines "RESULT <json>"; the first reports the settings and weight bytes.
     """
+    import torch
     from vllm import LLM
 
     tiny = args.tiny
@@ -364,13 +365,21 @@ def worker_embed(args) -> None:
             assert len(outs) == cmd["n"]
             reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt})
         elif cmd["op"] == "latency":
+            from host_probe import CpuWindow
+
             times = []
-            for i in range(cmd["queries"]):
-                p = _prompts(1, cmd["length"], cmd["seed"] * 1000 + i)
+            prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+            threads = torch.get_num_threads()
+            if cmd.get("torch_threads"):  # a probe: does the CPU thread pool's size move the latency?
+                torch.set_num_threads(cmd["torch_threads"])
+            window = CpuWindow()  # whose CPU the queries' time was: this thread's, other threads', other processes'
+            for p in prompts:
                 t0 = time.perf_counter()
                 llm.embed(p, use_tqdm=False)
                 times.append((time.perf_counter() - t0) * 1e3)
-            reply({"ms": times})
+            report = window.report()
+            torch.set_num_threads(threads)
+            reply({"ms": times, "cpu": report, "torch_threads": cmd.get("torch_threads") or threads})
         elif cmd["op"] == "profile":
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
@@ -634,6 +643,7 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         _save(report, args.out)
         runs = {name: {} for name in names}
         lat = {name: {length: [] for length in LATENCY_LENGTHS} for name in names}
+        lat_cpu = {name: {length: [] for length in LATENCY_LENGTHS} for name in names}
         for rep in range(args.repeats):
             order = names[rep % len(names):] + names[: rep % len(names)]
             for n, length in EMBED_WORKLOADS:
@@ -645,8 +655,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             for length in LATENCY_LENGTHS:
                 for name in order:
                     q = 3 if args.tiny else LATENCY_QUERIES_PER_ROUND
-                    lat[name][length] += workers[name].ask(op="latency", length=length, queries=q,
-                                                           seed=100 * rep + length)["ms"]  # fmt: skip
+                    r = workers[name].ask(op="latency", length=length, queries=q, seed=100 * rep + length)
+                    lat[name][length] += r["ms"]
+                    lat_cpu[name][length].append(r.get("cpu"))
             for name in names:
                 res["models"][name]["throughput"] = {w: _spread(v) for w, v in runs[name].items()}
                 res["models"][name]["latency"] = {
@@ -654,10 +665,16 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                                          "queries": len(v)}  # fmt: skip
                     for length, v in lat[name].items() if v
                 }
+                # Per round: the CPU accounting of the timed queries (host_probe.CpuWindow).
+                res["models"][name]["latency_cpu"] = {f"{length}_tokens": v for length, v in lat_cpu[name].items() if v}
             res["rounds_done"] = rep + 1
             _save(report, args.out)
         for name in names:
             res["models"][name]["host_probe"]["end"] = workers[name].ask(op="probe")["probe"]
+            # Single 16-token queries with one CPU thread for torch's pool, beside the rounds' figures.
+            one = workers[name].ask(op="latency", length=16, queries=3 if args.tiny else 20, seed=77, torch_threads=1)
+            res["models"][name]["latency_one_thread"] = {"p50_ms": statistics.median(one["ms"]), "cpu": one["cpu"]}
+        _save(report, args.out)
         if args.profile:
             for name in names:
                 res["models"][name]["profile"] = workers[name].ask(op="profile", n=4 if args.tiny else 1024,
@@ -706,6 +723,13 @@ def _print_table(report: dict) -> None:
         for key, v in models["bf16"]["latency"].items():
             print(f"{'embed p50 ms ' + key + ' ' + name:44s} {v['p50_ms']:12.2f} "
                   f"{models[name]['latency'][key]['p50_ms']:12.2f} {ratios['latency_p50_' + key]:8.2f}")
+        for who in ("bf16", name):  # where the single queries' time went on the host
+            windows = [w for v in models[who].get("latency_cpu", {}).values() for w in v if w]
+            wall = sum(w["wall_s"] for w in windows)
+            if wall > 0:
+                print(f"{'embed queries: caller/process CPU per wall ' + who:44s} "
+                      f"{sum(w['caller_cpu_s'] for w in windows) / wall:12.2f} "
+                      f"{sum(w.get('process_cpu_s', 0) for w in windows) / wall:12.2f}")
         if ratios.get("linear_weight_memory"):
             print(f"{'embed linear weight memory ' + name:44s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
     nan = float("nan")

@@ -69,30 +69,54 @@ def _busy_all() -> tuple[int, int] | None:
     return sum(vals) - idle, sum(vals)
 
 
-def idle_window(seconds: float = 1.0, top: int = 5) -> dict:
-    """CPU used while this process sleeps: its threads', the busiest processes', the machine's."""
-    proc = Path("/proc")
-    if not (proc / "self" / "task").is_dir():
-        return {"error": "no /proc on this system"}
-    hz = os.sysconf("SC_CLK_TCK")
-    threads = {p.name: _ticks(p / "stat") for p in (proc / "self" / "task").iterdir()}
-    pids = {p.name: _ticks(p / "stat") for p in proc.iterdir() if p.name.isdigit()}
-    all0 = _busy_all()
-    time.sleep(seconds)
-    all1 = _busy_all()
+class CpuWindow:
+    """CPU used over a stretch of this process's life: by each of its threads, by the busiest
+    processes of the machine, by the calling thread, and the machine's busy share.
 
-    def busiest(before: dict, base: Path) -> list[dict]:
+        w = CpuWindow(); ...work...; w.report()   # -> dict
+
+    Around timed work it says whether that work's time was the calling thread's own CPU time
+    (``caller_cpu_s`` close to ``wall_s``), spent waiting (far below it), or shared with other
+    busy threads of the process (``threads`` beyond the caller) or of the machine.
+    """
+
+    def __init__(self) -> None:
+        self._proc = Path("/proc")
+        self.ok = (self._proc / "self" / "task").is_dir()
+        self._hz = os.sysconf("SC_CLK_TCK") if self.ok else 100
+        self._threads = {p.name: _ticks(p / "stat") for p in (self._proc / "self" / "task").iterdir()} if self.ok else {}
+        self._pids = {p.name: _ticks(p / "stat") for p in self._proc.iterdir() if p.name.isdigit()} if self.ok else {}
+        self._all = _busy_all() if self.ok else None
+        self._caller = time.thread_time()
+        self._wall = time.perf_counter()
+
+    def _busiest(self, before: dict, base: Path, top: int) -> list[dict]:
         rows = []
         for key, t0 in before.items():
             t1 = _ticks(base / key / "stat")
             if t0 is not None and t1 is not None and t1 > t0:
-                rows.append({"name": _comm(base / key / "comm"), "id": int(key), "cpu_s": (t1 - t0) / hz})
+                rows.append({"name": _comm(base / key / "comm"), "id": int(key), "cpu_s": (t1 - t0) / self._hz})
         return sorted(rows, key=lambda r: -r["cpu_s"])[:top]
 
-    out = {"seconds": seconds, "threads": busiest(threads, proc / "self" / "task"),
-           "processes": busiest(pids, proc), "self_pid": os.getpid()}  # fmt: skip
-    if all0 and all1 and all1[1] > all0[1]:
-        out["machine_busy_share"] = (all1[0] - all0[0]) / (all1[1] - all0[1])
+    def report(self, top: int = 5) -> dict:
+        out = {"wall_s": time.perf_counter() - self._wall, "caller_cpu_s": time.thread_time() - self._caller}
+        if not self.ok:
+            return {**out, "error": "no /proc on this system"}
+        threads = self._busiest(self._threads, self._proc / "self" / "task", len(self._threads))
+        out.update(threads=threads[:top], process_cpu_s=sum(t["cpu_s"] for t in threads), threads_alive=len(self._threads),
+                   processes=self._busiest(self._pids, self._proc, top), self_pid=os.getpid())  # fmt: skip
+        all1 = _busy_all()
+        if self._all and all1 and all1[1] > self._all[1]:
+            out["machine_busy_share"] = (all1[0] - self._all[0]) / (all1[1] - self._all[1])
+        return out
+
+
+def idle_window(seconds: float = 1.0, top: int = 5) -> dict:
+    """CPU used while this process sleeps: its threads', the busiest processes', the machine's."""
+    window = CpuWindow()
+    time.sleep(seconds)
+    out = window.report(top)
+    out["seconds"] = seconds
     return out
 
 
