@@ -1,7 +1,7 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
-        [--profile] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
+        [--profile] [--pyprofile] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -331,6 +331,24 @@ def _profile_top(fn, n: int = 15, by: str = "device") -> list[dict]:
     return rows
 
 
+def _python_profile(fn, n: int = 40) -> list[dict]:
+    """cProfile of ``fn``: the ``n`` Python functions with the most own time, with calls and
+    cumulative time. Files are named by their last two path parts (package/module.py)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    rows = []
+    for (file, line, func), (_, ncalls, tottime, cumtime, _) in pstats.Stats(prof).stats.items():
+        where = "/".join(Path(file).parts[-2:]) if file != "~" else "builtin"
+        rows.append({"func": f"{where}:{line}({func})", "calls": ncalls, "own_ms": tottime * 1e3,
+                     "cum_ms": cumtime * 1e3})  # fmt: skip
+    return sorted(rows, key=lambda r: -r["own_ms"])[:n]
+
+
 def worker_embed(args) -> None:
     """Loads one embedding model, then serves commands from the driver, one JSON line each.
 
@@ -383,6 +401,9 @@ def worker_embed(args) -> None:
         elif cmd["op"] == "profile":
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
+        elif cmd["op"] == "pyprofile":
+            prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+            reply({"top": _python_profile(lambda: [llm.embed(p, use_tqdm=False) for p in prompts])})
         elif cmd["op"] == "probe":
             from host_probe import probe
 
@@ -517,6 +538,8 @@ def main() -> None:
                         help="comma-separated workloads: " + ", ".join(WORKLOADS) + " (default: all)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--pyprofile", action="store_true",
+                        help="embed: cProfile single 16-token queries in each engine after the rounds")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes for a CPU smoke run")
     parser.add_argument("--worker-timeout", type=int, default=420)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the embedding workloads")
@@ -674,6 +697,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             # Single 16-token queries with one CPU thread for torch's pool, beside the rounds' figures.
             one = workers[name].ask(op="latency", length=16, queries=3 if args.tiny else 20, seed=77, torch_threads=1)
             res["models"][name]["latency_one_thread"] = {"p50_ms": statistics.median(one["ms"]), "cpu": one["cpu"]}
+            if args.pyprofile:  # where single 16-token queries spend their host time, by Python function
+                res["models"][name]["pyprofile_query"] = workers[name].ask(op="pyprofile", length=16,
+                                                                           queries=3 if args.tiny else 30, seed=88)["top"]  # fmt: skip
         _save(report, args.out)
         if args.profile:
             for name in names:
