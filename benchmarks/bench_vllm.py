@@ -14,8 +14,10 @@ Workloads (random weights; speed does not depend on their values):
           order of the models rotates), with prompts drawn anew for each round, so neither the
           prefix cache nor a drift of the machine favours one model. Throughput for
           8192x128, 2048x512 and 32768x16 tokens (runs of seconds, not fractions); p50/p90 of
-          single 16- and 128-token queries, new prompts each time; weight memory of the loaded
-          model. Each figure is the median over the rounds, with min and max; ratios come from
+          single 16- and 128-token queries, new prompts each time, one query at a time
+          alternating between the engines (a query is host-bound, and the host's speed drifts);
+          weight memory of the loaded model. Every engine process is pinned to the same CPUs
+          (--cpus), so that none runs on a better-placed core than another. Each figure is the median over the rounds, with min and max; ratios come from
           the medians, and the per-round ratios give their spread.
 - decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288):
           bf16, ternary (16-bit activations) and ternary with int8 activations.
@@ -530,6 +532,24 @@ def _file_linear_bytes(shape: dict, dtype_bytes: int = 2) -> dict:
     }
 
 
+def _cpu_list(text: str) -> list[int] | None:
+    """'0-3,8' -> [0, 1, 2, 3, 8]; 'all' -> None (no pinning)."""
+    if text == "all":
+        return None
+    cpus = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
+
+
+def _default_cpus() -> list[int] | None:
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[: max(4, len(cpus) // 2)] if len(cpus) > 4 else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/h200/bench_vllm.json")
@@ -558,6 +578,9 @@ def main() -> None:
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
                              "model's host-side speed follows the order its process started in")
+    parser.add_argument("--cpus", type=_cpu_list, default=_default_cpus(),
+                        help="embed: the CPUs every engine process is pinned to, e.g. 0-7 (default: the first "
+                             "half of this process's CPUs, at least 4; 'all' pins nothing)")  # fmt: skip
     parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -605,7 +628,10 @@ class _Worker:
         cmd += ["--tiny"] if args.tiny else []
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env_extra or {}))
         self.name = name
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        # Every engine on the same CPUs (they never run at once): neither gets a better place.
+        pin = (lambda: os.sched_setaffinity(0, args.cpus)) if args.cpus else None
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     preexec_fn=pin)  # fmt: skip
 
     def result(self) -> dict:
         for line in self.proc.stdout:
@@ -649,7 +675,8 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             folders[a8 + "_unfused"] = folders[a8]
             envs[a8 + "_unfused"] = {"TERNOP_FUSE_QUANT": "0"}
     res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
-                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "models": {}}  # fmt: skip
+                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "pinned_cpus": args.cpus,
+                             "latency_order": "one query at a time, alternating engines", "models": {}}  # fmt: skip
     workers = {}
     try:
         # One at a time: vLLM sizes its KV cache from the free memory it profiles at start-up,
@@ -676,11 +703,20 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                     r = workers[name].ask(op="embed", n=n, length=length, seed=1000 * rep + length)
                     runs[name].setdefault(f"{n}x{length}", []).append(r["tokens_per_s"])
             for length in LATENCY_LENGTHS:
-                for name in order:
-                    q = 3 if args.tiny else LATENCY_QUERIES_PER_ROUND
-                    r = workers[name].ask(op="latency", length=length, queries=q, seed=100 * rep + length)
-                    lat[name][length] += r["ms"]
-                    lat_cpu[name][length].append(r.get("cpu"))
+                # One query at a time, alternating between the engines: the host's speed drifts
+                # (an empty Python call took 27-62 ns in one process over one run), and a batch of
+                # queries on one engine, then on the other, would hand the drift to one of them.
+                q = 3 if args.tiny else LATENCY_QUERIES_PER_ROUND
+                cpu = {name: {"wall_s": 0.0, "caller_cpu_s": 0.0, "queries": q} for name in names}
+                for i in range(q):
+                    for name in order:
+                        r = workers[name].ask(op="latency", length=length, queries=1,
+                                              seed=(100 * rep + length) * 100 + i)  # fmt: skip
+                        lat[name][length] += r["ms"]
+                        for key in ("wall_s", "caller_cpu_s"):
+                            cpu[name][key] += r["cpu"][key]
+                for name in names:
+                    lat_cpu[name][length].append(cpu[name])
             for name in names:
                 res["models"][name]["throughput"] = {w: _spread(v) for w, v in runs[name].items()}
                 res["models"][name]["latency"] = {
@@ -753,9 +789,8 @@ def _print_table(report: dict) -> None:
             windows = [w for v in models[who].get("latency_cpu", {}).values() for w in v if w]
             wall = sum(w["wall_s"] for w in windows)
             if wall > 0:
-                print(f"{'embed queries: caller/process CPU per wall ' + who:44s} "
-                      f"{sum(w['caller_cpu_s'] for w in windows) / wall:12.2f} "
-                      f"{sum(w.get('process_cpu_s', 0) for w in windows) / wall:12.2f}")
+                print(f"{'embed queries: caller CPU per wall ' + who:44s} "
+                      f"{sum(w['caller_cpu_s'] for w in windows) / wall:12.2f}")
         if ratios.get("linear_weight_memory"):
             print(f"{'embed linear weight memory ' + name:44s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
     nan = float("nan")
