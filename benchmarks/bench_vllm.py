@@ -351,6 +351,56 @@ def _python_profile(fn, n: int = 40) -> list[dict]:
     return sorted(rows, key=lambda r: -r["own_ms"])[:n]
 
 
+def _describe(t) -> dict:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return {"type": type(t).__name__}
+    return {"type": type(t).__name__, "shape": list(t.shape), "inference": t.is_inference(), "view": t._is_view(),
+            "requires_grad": t.requires_grad, "contiguous": t.is_contiguous()}  # fmt: skip
+
+
+def _kv_update_probe(run) -> dict:
+    """Times the parts of FlashAttention's KV-cache update while ``run()`` serves queries.
+
+    The single-query Python profiles gave this method (and the attention op around it) several
+    times more own time per call in the ternary engine than in bf16's, with the same calls
+    inside it. The wrapper times, per call: making the cache views the method makes
+    (transpose + split), dropping them, and the original method; and it records what the
+    tensors it receives are (inference tensors, views, grad) and the autograd modes."""
+    import torch
+
+    try:
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
+    except Exception as exc:  # another backend (CPU), or another vLLM layout
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    original = FlashAttentionImpl.do_kv_cache_update
+    parts: list[tuple[int, int, int]] = []
+    seen: dict = {}
+
+    def timed(self, layer, key, value, kv_cache, slot_mapping):
+        if not seen:
+            seen.update(key=_describe(key), kv_cache=_describe(kv_cache), slot_mapping=_describe(slot_mapping),
+                        inference_mode=torch.is_inference_mode_enabled(), grad=torch.is_grad_enabled())  # fmt: skip
+        t0 = time.perf_counter_ns()
+        views = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        t1 = time.perf_counter_ns()
+        del views
+        t2 = time.perf_counter_ns()
+        original(self, layer, key, value, kv_cache, slot_mapping)
+        parts.append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+
+    FlashAttentionImpl.do_kv_cache_update = timed
+    try:
+        run()
+    finally:
+        FlashAttentionImpl.do_kv_cache_update = original
+    if not parts:
+        return {"error": "FlashAttentionImpl.do_kv_cache_update was not called", "tensors": seen}
+    med = [statistics.median(p[i] for p in parts) / 1e3 for i in range(3)]
+    return {"calls": len(parts), "views_us": med[0], "drop_views_us": med[1], "method_us": med[2], "tensors": seen}
+
+
 def worker_embed(args) -> None:
     """Loads one embedding model, then serves commands from the driver, one JSON line each.
 
@@ -406,6 +456,9 @@ def worker_embed(args) -> None:
         elif cmd["op"] == "pyprofile":
             prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
             reply({"top": _python_profile(lambda: [llm.embed(p, use_tqdm=False) for p in prompts])})
+        elif cmd["op"] == "kv_update_probe":
+            prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+            reply({"probe": _kv_update_probe(lambda: [llm.embed(p, use_tqdm=False) for p in prompts])})
         elif cmd["op"] == "probe":
             from host_probe import probe
 
@@ -559,7 +612,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--pyprofile", action="store_true",
-                        help="embed: cProfile single 16-token queries in each engine after the rounds")
+                        help="embed: after the rounds, cProfile single 16-token queries in each engine and "
+                             "time the parts of its KV-cache update")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes for a CPU smoke run")
     parser.add_argument("--worker-timeout", type=int, default=420)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the embedding workloads")
@@ -736,6 +790,8 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             if args.pyprofile:  # where single 16-token queries spend their host time, by Python function
                 res["models"][name]["pyprofile_query"] = workers[name].ask(op="pyprofile", length=16,
                                                                            queries=3 if args.tiny else 30, seed=88)["top"]  # fmt: skip
+                res["models"][name]["kv_update_probe"] = workers[name].ask(
+                    op="kv_update_probe", length=16, queries=3 if args.tiny else 30, seed=89)["probe"]
         _save(report, args.out)
         if args.profile:
             for name in names:
