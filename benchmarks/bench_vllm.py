@@ -1,7 +1,7 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
-        [--profile] [--pyprofile] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
+        [--profile] [--pyprofile] [--control] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -628,6 +628,9 @@ def main() -> None:
     parser.add_argument("--a8-unfused", action="store_true",
                         help="also run the int8 model with TERNOP_FUSE_QUANT=0 (x quantized inside the op, not by "
                              "the compiled graph), interleaved with the others")  # fmt: skip
+    parser.add_argument("--control", action="store_true",
+                        help="embed: also run the bf16 model in a second engine (bf16_control), an A/A "
+                             "comparison that shows what the method reports between two equal models")
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -717,6 +720,8 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     t0 = time.perf_counter()
     folders = {"bf16": write_model(work / "embed-bf16", shape, ternary=False, dtype_name=args.dtype)}
     envs: dict[str, dict] = {}
+    if args.control:  # the bf16 model in a second engine: what the method reports between equals
+        folders["bf16_control"] = folders["bf16"]
     if not args.no_a16:
         folders["ternary"] = write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)
     if not args.no_a8:
