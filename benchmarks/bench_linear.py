@@ -20,7 +20,8 @@ calls it: ``ternop`` (16-bit activations, weights repacked to the a16 layout), `
 per-token quantization included), ``ternop_a8_row`` (the same with one scale per weight row,
 ``weight_scale`` [N, 1]), and ``ternop_q8_row`` (that product from rows quantized beforehand,
 ``ternop.linear_q8``: what is left when a compiled model fuses the quantization away); every backend that can run the call, forced
-(``backend:<name>[<layout>]``); ``cublas_bf16`` (F.linear on bf16 weights) and
+(``backend:<name>[<layout>]``; with ``--below-floors`` also where the dispatch's speed rules,
+such as a backend's smallest M, keep it out, as ``TERNOP_BACKEND`` forces it); ``cublas_bf16`` (F.linear on bf16 weights) and
 ``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call); and, when
 vLLM is importable, ``marlin_w4a16``: vLLM's Marlin kernel on GPTQ int4 weights (group 128,
 no act-order), what a user would otherwise pick to shrink weights. The report is stamped
@@ -33,6 +34,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -134,7 +136,24 @@ def make_marlin(k: int, n: int, copies: int):
     return call, copies
 
 
-def impls(x, tern, dense, marlin=None):
+def _can_implement(b, call, below_floors: bool) -> bool:
+    """Whether backend ``b`` takes ``call``; with ``below_floors`` as if it were forced
+    (``TERNOP_BACKEND``), which lifts the speed rules (M floors, tile-count rules) but not what
+    the kernel cannot run."""
+    if not below_floors:
+        return b.can_implement(call)[0]
+    saved = os.environ.get(backends.ENV_BACKEND)
+    os.environ[backends.ENV_BACKEND] = b.name
+    try:
+        return b.can_implement(call)[0]
+    finally:
+        if saved is None:
+            del os.environ[backends.ENV_BACKEND]
+        else:
+            os.environ[backends.ENV_BACKEND] = saved
+
+
+def impls(x, tern, dense, marlin=None, below_floors=False):
     """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies."""
     q, q_scale = quantize_rows(x)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
@@ -158,7 +177,7 @@ def impls(x, tern, dense, marlin=None):
         for bits, weights in ((16, "a16"), (16, "v1"), (8, "a8"), (8, "a8 row")):
             w, layout = tern[weights], weights.split()[0]
             call = backends.LinearCall(x, *w[0], None, bits, layout)
-            ok, _ = b.can_implement(call)
+            ok = _can_implement(b, call, below_floors)
             if ok and not (layout == "v1" and any(k.startswith(f"backend:{b.name}[") for k in res)):
                 res[f"backend:{b.name}[{weights}]"] = (
                     (lambda b, w, bits, layout: lambda i: b.run(
@@ -195,7 +214,7 @@ def run_bench(args, save=None) -> dict:
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
                 row = {}
-                for name, (fn, calls) in impls(x, tern, dense, marlin).items():
+                for name, (fn, calls) in impls(x, tern, dense, marlin, args.below_floors).items():
                     try:
                         row[name] = time_graph(fn, calls)
                     except Exception as exc:  # report a broken backend, keep measuring the rest
@@ -221,11 +240,11 @@ def run_bench(args, save=None) -> dict:
             del tern, dense, base, marlin
             torch.cuda.empty_cache()
             if save is not None:
-                save(_report(results, complete=False))
-    return _report(results, complete=True)
+                save(_report(results, complete=False, below_floors=args.below_floors))
+    return _report(results, complete=True, below_floors=args.below_floors)
 
 
-def _report(results: list, complete: bool) -> dict:
+def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
         "commit": git_commit(),
@@ -239,6 +258,7 @@ def _report(results: list, complete: bool) -> dict:
                   "CUDA events, median of 7 replays after 2 warm-ups; x and out in bf16; ternop_a8 and "
                   "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
+        "backends_below_floors": below_floors,
         "results": results,
     }
 
@@ -267,6 +287,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
     parser.add_argument("--shapes", type=_shape_list, default=None,
                         help="only these K->N shapes, e.g. 4096x14336,1024x4096 (default: all)")
+    parser.add_argument("--below-floors", action="store_true",
+                        help="time every backend that can run the call, also where the dispatch's speed rules "
+                             "(M floors, tile-count rules) keep it out, as TERNOP_BACKEND would force it")
     parser.add_argument("--no-marlin", dest="marlin", action="store_false",
                         help="leave out vLLM's Marlin W4A16 row (it is left out by itself when vLLM is absent)")
     args = parser.parse_args(argv)
