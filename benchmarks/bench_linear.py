@@ -19,9 +19,10 @@ calls it: ``ternop`` (16-bit activations, weights repacked to the a16 layout), `
 (the same on format-v1 weights as stored) and ``ternop_a8`` (int8 activations, a8 layout,
 per-token quantization included), ``ternop_a8_row`` (the same with one scale per weight row,
 ``weight_scale`` [N, 1]), and ``ternop_q8_row`` (that product from rows quantized beforehand,
-``ternop.linear_q8``: what is left when a compiled model fuses the quantization away); every backend that can run the call, forced
-(``backend:<name>[<layout>]``; with ``--below-floors`` also where the dispatch's speed rules,
-such as a backend's smallest M, keep it out, as ``TERNOP_BACKEND`` forces it); ``cublas_bf16`` (F.linear on bf16 weights) and
+``ternop.linear_q8``: what is left when a compiled model fuses the quantization away); every
+backend that can run the call, forced (``backend:<name>[<layout>]``; with ``--below-floors``
+also where the dispatch's speed rules, such as a backend's smallest M, keep it out, as
+``TERNOP_BACKEND`` forces it); ``cublas_bf16`` (F.linear on bf16 weights) and
 ``dequant_bf16`` (dequantize to bf16 with torch ops, then F.linear, every call); and, when
 vLLM is importable, ``marlin_w4a16``: vLLM's Marlin kernel on GPTQ int4 weights (group 128,
 no act-order), what a user would otherwise pick to shrink weights. The report is stamped

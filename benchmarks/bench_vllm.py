@@ -1,7 +1,8 @@
 """End-to-end speed in vLLM: ternary against bf16, each model in its own process.
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
-        [--profile] [--pyprofile] [--control] [--repeats 5] [--decode-runs 3] [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
+        [--profile] [--pyprofile] [--control] [--cpus LIST|all] [--repeats 5] [--decode-runs 3]
+        [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -17,8 +18,9 @@ Workloads (random weights; speed does not depend on their values):
           single 16- and 128-token queries, new prompts each time, one query at a time
           alternating between the engines (a query is host-bound, and the host's speed drifts);
           weight memory of the loaded model. Every engine process is pinned to the same CPUs
-          (--cpus), so that none runs on a better-placed core than another. Each figure is the median over the rounds, with min and max; ratios come from
-          the medians, and the per-round ratios give their spread.
+          (--cpus), so that none runs on a better-placed core than another. Each figure is the
+          median over the rounds, with min and max; ratios come from the medians, and the
+          per-round ratios give their spread.
 - decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288):
           bf16, ternary (16-bit activations) and ternary with int8 activations.
           Greedy decode of 128 tokens at batch 1, 16 and 64; ms per step is
