@@ -60,6 +60,24 @@ def _load_cuda_backends() -> None:
         _cuda_loaded = True
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] viewed as [M, K]. Kernels take any row stride, but K must be the unit-stride
+    dimension and rows may not overlap: only then is x copied."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < k):
+        x2 = x2.contiguous()
+    return x2
+
+
+def _run(call: backends.LinearCall, lead: torch.Size, n: int) -> torch.Tensor:
+    """Runs ``call`` on the backend the registry picks; the [M, N] result viewed as [*lead, N]."""
+    if call.x.device.type == "cuda":
+        _load_cuda_backends()
+    out = backends.select(call).run(call)
+    return out if len(lead) == 1 else out.view(*lead, n)
+
+
 def _linear_impl(
     x: torch.Tensor,
     weight_packed: torch.Tensor,
@@ -71,25 +89,14 @@ def _linear_impl(
     if not inputs_ok(x, weight_packed, weight_scale, bias, activation_bits, layout):
         check_linear_inputs(x, weight_packed, weight_scale, bias, activation_bits, layout)  # raises, naming the problem
     n, k = weight_packed.shape[0], x.shape[-1]
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
+    x2 = _rows(x)
     if x2.shape[0] == 0:
-        return x.new_empty((*lead, n))
-    # Kernels take any row stride; K must be the unit-stride dimension and rows may not overlap.
-    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < k):
-        x2 = x2.contiguous()
-    if x2.device.type == "cuda":
-        _load_cuda_backends()
-    if not weight_packed.is_contiguous():
-        weight_packed = weight_packed.contiguous()
+        return x.new_empty((*x.shape[:-1], n))
     if weight_scale.shape[1] != k // BLOCK_SIZE and activation_bits == 16:
         # A row scale means its expansion (16-bit kernels read a scale per block).
         weight_scale = weight_scale.expand(n, k // BLOCK_SIZE)
-    if not weight_scale.is_contiguous():
-        weight_scale = weight_scale.contiguous()
-    call = backends.LinearCall(x2, weight_packed, weight_scale, bias, activation_bits, layout)
-    out = backends.select(call).run(call)
-    return out if len(lead) == 1 else out.view(*lead, n)
+    call = backends.LinearCall(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout)
+    return _run(call, x.shape[:-1], n)
 
 
 def _linear_q8_impl(
@@ -103,21 +110,13 @@ def _linear_q8_impl(
 ) -> torch.Tensor:
     if not q8_inputs_ok(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout):
         check_q8_inputs(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout)  # raises, naming the problem
-    n, k = weight_packed.shape[0], q.shape[-1]
-    lead = q.shape[:-1]
-    q2 = q.reshape(-1, k)
+    n = weight_packed.shape[0]
+    q2 = _rows(q)
     if q2.shape[0] == 0:
-        return q.new_empty((*lead, n), dtype=out_dtype)
-    if q2.stride(1) != 1 or (q2.shape[0] > 1 and q2.stride(0) < k):
-        q2 = q2.contiguous()
-    s2 = x_scale.reshape(-1).contiguous()
-    if q2.device.type == "cuda":
-        _load_cuda_backends()
-    weight_packed = weight_packed.contiguous()
-    weight_scale = weight_scale.contiguous()
-    call = backends.LinearCall(q2, weight_packed, weight_scale, bias, 8, layout, s2, out_dtype)
-    out = backends.select(call).run(call)
-    return out if len(lead) == 1 else out.view(*lead, n)
+        return q.new_empty((*q.shape[:-1], n), dtype=out_dtype)
+    call = backends.LinearCall(q2, weight_packed.contiguous(), weight_scale.contiguous(), bias, 8, layout,
+                               x_scale.reshape(-1).contiguous(), out_dtype)  # fmt: skip
+    return _run(call, q.shape[:-1], n)
 
 
 _lib.impl("linear", _linear_impl, "CPU")
