@@ -318,6 +318,11 @@ def _prompts(n: int, length: int, seed: int):
     return [TokensPrompt(prompt_token_ids=[rng.randrange(1, TOKENS_IN_VOCAB) for _ in range(length)]) for _ in range(n)]
 
 
+def _queries(cmd: dict) -> list:
+    """The single-query prompts of a worker command: ``queries`` of ``length`` tokens, each new."""
+    return [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+
+
 def _profile_top(fn, n: int = 15, by: str = "device") -> list[dict]:
     """The ``n`` events with the most self time on the device (``by="device"``, the CPU where
     there is none) or on the host (``by="cpu"``), with both times."""
@@ -440,7 +445,7 @@ def worker_embed(args) -> None:
             from host_probe import CpuWindow
 
             times = []
-            prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+            prompts = _queries(cmd)
             threads = torch.get_num_threads()
             if cmd.get("torch_threads"):  # a probe: does the CPU thread pool's size move the latency?
                 torch.set_num_threads(cmd["torch_threads"])
@@ -456,10 +461,10 @@ def worker_embed(args) -> None:
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
         elif cmd["op"] == "pyprofile":
-            prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+            prompts = _queries(cmd)
             reply({"top": _python_profile(lambda: [llm.embed(p, use_tqdm=False) for p in prompts])})
         elif cmd["op"] == "kv_update_probe":
-            prompts = [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
+            prompts = _queries(cmd)
             reply({"probe": _kv_update_probe(lambda: [llm.embed(p, use_tqdm=False) for p in prompts])})
         elif cmd["op"] == "probe":
             from host_probe import probe
