@@ -123,9 +123,10 @@ def device(job: Path, out: Path, tag: str, extra: list[str]) -> None:
     bad = [name for name, sha in manifest.items() if _sha(job / name) != sha]
     if bad:
         raise SystemExit(f"files of {job} differ from its MANIFEST.json: {bad}")
-    base, dst = Path("/tmp/ternop-minilm-fp32"), Path(f"/tmp/ternop-minilm-{tag}")
+    # Paths of this tag only, so that several jobs can share one machine at once.
+    base, dst = Path(f"/tmp/ternop-minilm-fp32-{tag}"), Path(f"/tmp/ternop-minilm-{tag}")
     _fp32_model(job, base)
-    train = Path("/tmp/ternop-train.txt")
+    train = Path(f"/tmp/ternop-train-{tag}.txt")
     with lzma.open(job / "train.txt.xz", "rt", encoding="utf-8") as f:
         train.write_text(f.read(), encoding="utf-8")
     out.mkdir(parents=True, exist_ok=True)
