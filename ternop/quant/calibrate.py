@@ -55,13 +55,13 @@ def _refit_scales(w: torch.Tensor, values: torch.Tensor, h: torch.Tensor, ridge:
     t = values.to(w.dtype)
     wh = w @ h  # [N, K]
     c = (t * wh).reshape(n, nb, BLOCK_SIZE).sum(-1)
-    a = torch.empty(n, nb, nb, dtype=w.dtype)
+    a = torch.empty(n, nb, nb, dtype=w.dtype, device=w.device)
     for j in range(nb):
         cols = slice(j * BLOCK_SIZE, (j + 1) * BLOCK_SIZE)
         y = t[:, cols] @ h[:, cols].T  # [N, K]: sum_l T[n, l] H[k, l] over block j
         a[:, :, j] = (t * y).reshape(n, nb, BLOCK_SIZE).sum(-1)
     diag = a.diagonal(dim1=1, dim2=2)
-    eye = torch.eye(nb, dtype=w.dtype)
+    eye = torch.eye(nb, dtype=w.dtype, device=w.device)
     # An all-zero block has a zero row in A: the ridge makes its scale 0 instead of singular.
     a = a + eye * (ridge * diag.mean(-1, keepdim=True).clamp(min=1e-12)[:, :, None] + 1e-12)
     return torch.linalg.solve(a, c.unsqueeze(-1)).squeeze(-1)
@@ -87,8 +87,8 @@ def _gptq_codes(
 def _gptq_codes_impl(w, hinv_u, scale):
     w = w.clone()
     n, k = w.shape
-    values = torch.zeros(n, k, dtype=torch.int8)
-    scales = torch.zeros(n, k // BLOCK_SIZE, dtype=w.dtype)
+    values = torch.zeros(n, k, dtype=torch.int8, device=w.device)
+    scales = torch.zeros(n, k // BLOCK_SIZE, dtype=w.dtype, device=w.device)
     for j in range(k // BLOCK_SIZE):
         lo, hi = j * BLOCK_SIZE, (j + 1) * BLOCK_SIZE
         w1 = w[:, lo:hi].clone()
@@ -136,7 +136,7 @@ def ternarize_layer(
     h64 = h.detach().to(torch.float64).clone()
     dead = torch.diagonal(h64) <= 0
     h64[dead, dead] = 1.0  # inputs that never fire: any code is as good; keep H invertible
-    h64 += torch.eye(k, dtype=h64.dtype) * (damp * torch.diagonal(h64).mean())
+    h64 += torch.eye(k, dtype=h64.dtype, device=h64.device) * (damp * torch.diagonal(h64).mean())
     hinv64 = torch.cholesky_inverse(torch.linalg.cholesky(h64))
     h, hinv = h64.float(), hinv64.float()
     target = w if cross is None else (w @ cross.float()) @ hinv
@@ -267,7 +267,9 @@ def calibrate_model(
         raise ValueError("calibration needs at least one text")
     model.eval()
     linears, _ = select_linears(model, skip)
-    batches = _batches(tokenizer, texts, seq_len, max_tokens, batch_size)
+    # The model's device runs the captures and the factorisations (a GPU when the model is on one).
+    device = next(model.parameters()).device
+    batches = [b.to(device) for b in _batches(tokenizer, texts, seq_len, max_tokens, batch_size)]
     groups = _groups(model, linears, batches[0])
     fp_inputs = {}
     if target == "fp":

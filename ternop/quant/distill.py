@@ -282,6 +282,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
     t0 = time.time()
     if state is None:
         calib = sampler.calibration(4096)
+        student.to(device)  # calibration runs where training will
         init = _init_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet,
                             args.scales)  # fmt: skip
     else:
