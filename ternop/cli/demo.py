@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "artifacts" / "all-MiniLM-L6-v2-ternary" / "model.safetensors"
-ARTIFACT_SHA256 = "18a725e57dc9c7d57cdf983549ab2f5a7fac816305fb8096acab96c97706390c"
+ARTIFACT_SHA256 = "9bea6e01c73259866ac4cf85d51f6c1870fb37f9bfa96a381c646c3a006a046b"
 """The committed artifact's hash; ``artifacts/all-MiniLM-L6-v2-ternary/README.md`` has the command that made it."""
 
 SENTENCES = [
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.method == "artifact":
         from ternop.quant.artifact import assemble
 
-        t0 = step(1, f"assemble the best all-ternary all-MiniLM-L6-v2 (calibrated) -> {quant}")
+        t0 = step(1, f"assemble the best all-ternary all-MiniLM-L6-v2 (distilled) -> {quant}")
         sha = ARTIFACT_SHA256 if Path(args.artifact).resolve() == ARTIFACT else None
         print(f"    from {args.artifact}" + (f" (sha256 {sha}: checked)" if sha else " (not the committed file: no sha256)"))
         print(f"    and the fp32 model in {base}")

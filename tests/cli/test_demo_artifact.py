@@ -15,7 +15,7 @@ def test_committed_artifact_has_the_pinned_sha256_and_is_small():
     assert demo.ARTIFACT.stat().st_size <= 5 * 2**20
     assert artifact.sha256_of(demo.ARTIFACT) == demo.ARTIFACT_SHA256
     readme = (demo.ARTIFACT.parent / "README.md").read_text()
-    assert demo.ARTIFACT_SHA256 in readme and "ternop quantize MODEL DST --method calibrated" in readme
+    assert demo.ARTIFACT_SHA256 in readme and "quality_minilm_gpu.py device JOB OUT" in readme
 
 
 def test_artifact_assembles_with_the_fp32_package_into_an_all_ternary_checkpoint(tmp_path):
