@@ -2,10 +2,11 @@
 
 Three steps, so that only small files travel:
 
-    python benchmarks/quality_minilm_gpu.py prepare JOB [-- DISTILL OPTIONS]
+    python benchmarks/quality_minilm_gpu.py prepare JOB [--extra-text FILE ...] [-- DISTILL OPTIONS]
         here: JOB/model16 (the model in fp16; of the word embeddings only the rows of the tokens
         that the training text uses, in int8 with one scale per row), JOB/train.txt.xz (the
-        built-in training text, one per line),
+        built-in training text, one per line, then the texts of each --extra-text file, e.g. the
+        generated text of benchmarks/gen_text.py, decontaminated again),
         JOB/COMMAND.txt (the device command with the options) and JOB/MANIFEST.json (sha256s of the data)
     python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG [-- DISTILL OPTIONS]
         there, after `pip install --no-deps .`: the fp32 model again, `ternop distill --device cuda`,
@@ -52,14 +53,25 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def prepare(job: Path, extra: list[str]) -> None:
+def read_texts(path: Path) -> list[str]:
+    """One text per non-empty line of a text file, xz-compressed when its name ends in .xz."""
+    opener = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def prepare(job: Path, extra: list[str], extra_text: list[Path] = ()) -> None:
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
 
-    from ternop.cli.traindata import training_texts
+    from ternop.cli.traindata import decontaminate, training_texts
 
     src = _minilm()
     texts = training_texts()
+    for path in extra_text:
+        more = decontaminate([(str(path), t) for t in read_texts(path)])
+        print(f"{path}: {len(more)} texts kept")
+        texts += [t for _, t in more]
     if any("\n" in t for t in texts):
         raise ValueError("a training text holds a newline; train.txt is one text per line")
     model = job / "model16"
@@ -161,10 +173,14 @@ def _extra(argv: list[str]) -> list[str]:
 if __name__ == "__main__":
     step = sys.argv[1] if len(sys.argv) > 1 else ""
     if step == "prepare":
-        prepare(Path(sys.argv[2]), _extra(sys.argv[3:]))
+        rest, texts = sys.argv[3:], []
+        while rest[:1] == ["--extra-text"] and len(rest) > 1:
+            texts.append(Path(rest[1]))
+            rest = rest[2:]
+        prepare(Path(sys.argv[2]), _extra(rest), texts)
     elif step == "device":
         device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], _extra(sys.argv[5:]))
     elif step == "finish":
         finish(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        sys.exit(f"unknown step {step!r}: prepare JOB | device JOB OUT TAG | finish FILE DST")
+        sys.exit(f"unknown step {step!r}: prepare JOB [--extra-text FILE ...] | device JOB OUT TAG | finish FILE DST")

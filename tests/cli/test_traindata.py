@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import lzma
+from pathlib import Path
+
 import pytest
 
 from ternop.cli import evaldata, traindata
@@ -110,3 +113,19 @@ def test_decontamination_drops_planted_leaks(monkeypatch):
                ("x", evaldata.heldout_words()["simlex"][0][0].upper())]  # fmt: skip
     kept = traindata.decontaminate(planted)
     assert kept == planted[:1]
+
+
+# The generated text that `benchmarks/gen_text.py` wrote, for `quality_minilm_gpu.py prepare --extra-text`.
+GENERATED = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "generated_smollm2.txt.xz"
+
+
+def test_committed_generated_text_is_disjoint_from_every_evaluation_text():
+    with lzma.open(GENERATED, "rt", encoding="utf-8") as f:
+        texts = [line.strip() for line in f if line.strip()]
+    assert len(texts) > 1000 and all(len(t.split()) >= 6 for t in texts)
+    lee_docs, _ = evaldata.lee50()
+    queries, docs = evaldata.wiki_retrieval()
+    pq, pd = evaldata.heldout_passages()
+    _, sd = evaldata.heldout_short()
+    for eval_texts in (lee_docs, queries, docs, _unmasked_retrieval_text(), pq, pd, sd):
+        assert _leaks(eval_texts, texts) == []
