@@ -76,7 +76,6 @@ def gguf_to_folder(gguf: Path, dst: Path) -> Path:
     # transformers will not save a GGUF-loaded model: copy its weights into a fresh one.
     model = AutoModelForCausalLM.from_config(loaded.config)
     model.load_state_dict(loaded.state_dict())
-    model.config.quantization_config = None
     model.save_pretrained(str(dst))
     tok.save_pretrained(str(dst))
     config = json.loads((dst / "config.json").read_text())
