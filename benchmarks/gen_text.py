@@ -94,16 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per reply at most")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", help="vLLM dtype (bfloat16 is fastest on CPUs with AVX-512 BF16)")
+    p.add_argument("--force", action="store_true", help="overwrite OUT, OUT.json and the converted GGUF folder")
     args = p.parse_args(argv)
+    out, record_path, source = Path(args.out), Path(args.out + ".json"), Path(args.model)
+    converted = out.with_name(source.stem + "-fp32") if source.suffix == ".gguf" else None
+    existing = [str(q) for q in (out, record_path, converted) if q is not None and q.exists()]
+    if existing and not args.force:
+        p.error(f"{', '.join(existing)} already exist(s); pass --force to overwrite")
 
     from vllm import LLM, SamplingParams
 
     from ternop.cli.traindata import chunks, decontaminate
 
     t_start = time.time()
-    out, record_path = Path(args.out), Path(args.out + ".json")
-    source = Path(args.model)
-    model = str(gguf_to_folder(source, out.with_name(source.stem + "-fp32")) if source.suffix == ".gguf" else source)
+    model = str(gguf_to_folder(source, converted) if converted is not None else source)
     source_sha = hashlib.sha256(source.read_bytes()).hexdigest() if source.is_file() else None
     names = topics(args.seed)
     rng = random.Random(args.seed + 1)
