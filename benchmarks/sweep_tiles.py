@@ -1,6 +1,6 @@
 """Times every tile of the mid-M and Hopper CUDA kernels against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row] [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -16,6 +16,11 @@ for its W2A8 form (``ternary_wgmma_a8.cu``, tiles 0 and 1, 64 and 128 tokens; ea
 the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x);
 ``--kernel wgmma_a8_row`` times that kernel with one scale per weight row (``weight_scale`` [N, 1];
 tiles 0-3, the last two for row scales only: 192 weight rows at 128 tokens, 256 at 64).
+
+``--kernel mma`` and ``--kernel mma_a8`` time the small-M kernels (``ternary_mma.cu``,
+``ternary_mma_a8.cu``, M <= 16; default ``--ms`` 1 4 8 12 16) with 1, 2, 4 and 8 sets of 16 weight
+rows per CTA (``tile:<i>`` is 2^i sets; ``small_m_split`` in ``ternary_common.cuh`` picks for
+``tile:auto``); ``mma_a8`` includes the per-token quantization of x.
 """
 
 from __future__ import annotations
@@ -35,36 +40,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+SMALL_MS = [1, 4, 8, 12, 16]
 # kernel -> (op name, number of tiles, weight layout, one scale per row)
 KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
     "wgmma": ("linear_cuda_wgmma", 5, "a16", False),
     "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
     "wgmma_a8_row": ("linear_cuda_wgmma_a8", 4, "a8", True),
+    "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA
+    "mma_a8": ("linear_cuda_mma_a8", 4, "a8", False),
 }
 
 
 def _caller(op, layout: str):
     """``f(x, packed, scale, tile)`` for one kernel; the W2A8 one times the per-token quantization of x
     with it, as the op pays it."""
+    small = op in (torch.ops.ternop.linear_cuda_mma, torch.ops.ternop.linear_cuda_mma_a8)
+
+    def arg(tile):  # the small-M kernels take row_groups = 2^tile
+        return 1 << tile if small and tile >= 0 else tile
+
     if layout != "a8":
+        if small:
+            return lambda x, p, s, tile: op(x, p, s, None, True, arg(tile))
         return lambda x, p, s, tile: op(x, p, s, None, tile)
     from ternop.cuda.launch_fused import quantize_rows
 
     def call(x, p, s, tile):
         q, qs = quantize_rows(x)
-        return op(q, qs, p, s, None, x.dtype, tile)
+        return op(q, qs, p, s, None, x.dtype, arg(tile))
 
     return call
 
 
-def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
+def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None) -> dict:
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])
     op_name, tiles, layout, row_scales = KERNELS[kernel]
     call = _caller(getattr(torch.ops.ternop, op_name), layout)
     results = []
-    for family, shapes in SHAPES.items():
-        for k, n in shapes:
+    for family, family_shapes in SHAPES.items():
+        for k, n in family_shapes:
+            if shapes is not None and (k, n) not in shapes:
+                continue
             base = make_weights(k, n, copies_for(n * k // 4 + 2 * n * (k // 128)))
             if row_scales:  # every block of a row takes the row's first scale; the kernel reads [N, 1]
                 base = [(p, s[:, :1].expand(-1, k // 128).contiguous()) for p, s in base]
@@ -100,7 +117,8 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles") -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_tiles.json"))
-    parser.add_argument("--ms", type=int, nargs="+", default=MS)
+    parser.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {MS}; mma, mma_a8: {SMALL_MS}")
+    parser.add_argument("--shapes", default=None, help="only these K->N shapes, e.g. 4096x14336,1024x4096")
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -109,7 +127,9 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
-        report = run(args.ms, args.out, args.kernel)
+        ms = args.ms or (SMALL_MS if args.kernel.startswith("mma") and args.kernel != "mma_tiles" else MS)
+        shapes = {tuple(int(v) for v in item.split("x")) for item in args.shapes.split(",")} if args.shapes else None
+        report = run(ms, args.out, args.kernel, shapes)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -2,11 +2,11 @@
 
     ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
     ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-                            bool a16=False) -> Tensor
+                            bool a16=False, int row_groups=-1) -> Tensor
     ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
-                               Tensor? bias, ScalarType dtype) -> Tensor
+                               Tensor? bias, ScalarType dtype, int row_groups=-1) -> Tensor
     ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
-                                     Tensor? bias=None) -> Tensor
+                                     Tensor? bias=None, int row_groups=-1) -> Tensor
     ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
                                 int layout) -> Tensor
     ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale,
@@ -23,7 +23,9 @@ those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_til
 kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks); that of
 ``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or one of its tiles 0-4 (``WgTile0``-``WgTile4`` of
 ``csrc/ternary_wgmma.cu``); that of ``linear_cuda_wgmma_a8`` is -1, 0 (64 tokens a CTA) or 1 (128), or with row scales
-(``weight_scale`` [N, 1]) also 2 (128 tokens on 192 weight rows) or 3 (64 on 256).
+(``weight_scale`` [N, 1]) also 2 (128 tokens on 192 weight rows) or 3 (64 on 256). ``row_groups`` of
+the three small-M ops is -1 (the kernel picks from M, N, K and the multiprocessor count) or the
+number of sets of 16 weight rows one CTA owns, 1, 2, 4 or 8 (for benchmarks).
 """
 
 from __future__ import annotations
@@ -33,15 +35,17 @@ import torch
 _lib = torch.library.Library("ternop", "FRAGMENT")
 _lib.define("linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor")
 _lib.define(
-    "linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, bool a16=False) -> Tensor"
+    "linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, bool a16=False, "
+    "int row_groups=-1) -> Tensor"
 )
 _lib.define(
     "linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
-    "ScalarType dtype) -> Tensor"
+    "ScalarType dtype, int row_groups=-1) -> Tensor"
 )
 
 _lib.define(
-    "linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor"
+    "linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, "
+    "int row_groups=-1) -> Tensor"
 )
 
 _lib.define(
@@ -83,17 +87,17 @@ def _linear_cuda_fake(x, weight_packed, weight_scale, bias=None):
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma", lib=_lib)
-def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False):
+def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False, row_groups=-1):
     return _out(x, weight_packed, x.dtype)
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma_a8", lib=_lib)
-def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype):
+def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, row_groups=-1):
     return _out(q, weight_packed, dtype)
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma_a8_fused", lib=_lib)
-def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None):
+def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None, row_groups=-1):
     return _out(x, weight_packed, x.dtype)
 
 

@@ -291,6 +291,34 @@ def test_linear_cuda_mma_tiles_meets_cuda_mma_at_m16():
             _check(torch.ops.ternop.linear_cuda_mma_tiles(x, packed, scale, None, tile), x, v1, scale)
 
 
+@pytest.mark.parametrize("row_groups", [1, 2, 4, 8])
+def test_linear_cuda_small_m_kernels_every_row_set_count(row_groups):
+    """The small-M kernels with 1, 2, 4 or 8 sets of 16 rows per CTA (what their own choice may
+    pick): N ragged against 16 * sets, K from 3 to 112 blocks (sets with several warps, one
+    warp, more sets than K gives warps). 16-bit: the 2x rule. W2A8 with one power-of-two scale:
+    exact after the int32 partials, so equal to the CPU reference bit for bit, fused or not."""
+    from ternop.activations import quantize_rows
+
+    for m, k, n in [(1, 4096, 1160), (2, 2048, 520), (5, 384, 200), (12, 2176, 264), (16, 14336, 520)]:
+        v1, scale = _weights(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma", x, v1, scale)
+        for layout in ("v1", "a16"):
+            y = torch.ops.ternop.linear_cuda_mma(x, layouts.repack(v1, layout), scale, bias, layout == "a16", row_groups)
+            _check(y, x, v1, scale, bias)
+        a8, pow2 = layouts.repack(v1, "a8"), torch.full_like(scale, 2.0**-6)
+        want = ternop.linear(x.cpu(), a8.cpu(), pow2.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        q, qs = quantize_rows(x)
+        y = torch.ops.ternop.linear_cuda_mma_a8(q, qs, a8, pow2, bias, x.dtype, row_groups)
+        assert torch.equal(y.cpu(), want), (m, k, n)
+        if m * k <= 40960:
+            y = torch.ops.ternop.linear_cuda_mma_a8_fused(x, a8, pow2, bias, row_groups)
+            assert torch.equal(y.cpu(), want), (m, k, n, "fused")
+    with pytest.raises(RuntimeError, match="row_groups"):
+        torch.ops.ternop.linear_cuda_mma(x, v1, scale, None, False, 3)
+
+
 def test_linear_cuda_mma_tiles_takes_m_17_to_64():
     v1, scale = _weights(1152, 1024)
     packed = layouts.repack(v1, "a16")

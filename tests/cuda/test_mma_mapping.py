@@ -1,5 +1,6 @@
 """A NumPy replay of the tensor-core kernels' index mapping (ternop/cuda/csrc/ternary_mma.cu
-for fp16/bf16 x in format v1 and the a16 layout, ternary_mma_a8.cu for int8 x in the a8 layout).
+for fp16/bf16 x in format v1 and the a16 layout, ternary_mma_a8.cu for int8 x in the a8 layout,
+and their work split over sets of rows and warps, small_m_split in ternary_common.cuh).
 
 No GPU is needed: each function below transliterates one piece of a kernel (the constants are
 read from the sources, the formulas are the same), the mma.sync fragment layouts are
@@ -23,6 +24,7 @@ from ternop.format import dequantize, pack_codes
 
 _MMA_SRC = (CSRC / "ternary_mma.cu").read_text()
 _A8_SRC = (CSRC / "ternary_mma_a8.cu").read_text()
+_COMMON_SRC = (CSRC / "ternary_common.cuh").read_text()
 
 
 def _const(src: str, name: str) -> int:
@@ -46,6 +48,9 @@ BIAS_A16 = {d: _struct_const(_MMA_SRC, d, "kBiasA16") for d in ("fp16", "bf16")}
 A8_MAX_WARPS = _const(_A8_SRC, "kMaxWarpsA8")
 A8_DEPTH = _const(_A8_SRC, "kDepthA8")
 A8_TABLE = _const(_A8_SRC, "kTable")
+SHARE_MIN_M = _const(_COMMON_SRC, "kSmallMShareMinM")
+MIN_CTAS_PER_SM = _const(_COMMON_SRC, "kSmallMMinCtasPerSm")
+SMS = 132  # an H200's multiprocessors, for the kernels' own choice of the split
 U32 = np.uint32
 
 
@@ -96,11 +101,23 @@ def byte_perm(x: np.ndarray, y: np.ndarray, s: int) -> np.ndarray:
     return out
 
 
-def warps_for(blocks: int) -> int:
+def warps_for(blocks: int, max_warps: int = MAX_WARPS) -> int:
     w = 1
-    while w < MAX_WARPS and blocks // (2 * w) >= 2:
+    while w < max_warps and blocks // (2 * w) >= 2:
         w *= 2
     return w
+
+
+def small_m_split(m: int, n: int, k: int, sms: int, row_groups: int, max_warps: int) -> tuple[int, int]:
+    """small_m_split: (sets of 16 rows per CTA, warps per set)."""
+    w = warps_for(k // 128, max_warps)
+    r = row_groups
+    if r <= 0:
+        r = 1
+        if m > SHARE_MIN_M:
+            while 2 * r <= max_warps and -(-n // (32 * r)) >= MIN_CTAS_PER_SM * sms:
+                r *= 2
+    return r, (1 if r >= w else w // r)
 
 
 def mma(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], dtype: str) -> np.ndarray:
@@ -164,21 +181,21 @@ def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16):
 
 
 def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray | None, dtype: str,
-           a16: bool = False) -> np.ndarray:
+           a16: bool = False, row_groups: int = -1) -> np.ndarray:
     """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4] (v1, or a16), ws fp16 [N, K/128]."""
     M, K = x_bits.shape
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
     blocks = K // 128
-    warps = warps_for(blocks)
+    sets, warps = small_m_split(M, N, K, SMS, row_groups, MAX_WARPS)
     per_warp = (blocks + warps - 1) // warps
     x_words = np.ascontiguousarray(x_bits).view(U32)  # [M, K/2]: little-endian pairs of halves
     w_bytes = np.ascontiguousarray(wp)
     out = np.full((M, N), np.nan, np.float32)
     lanes = np.arange(32)
     g, q = lanes // 4, lanes % 4
-    for cta in range((N + 15) // 16):
-        n0 = cta * 16
+    for cta, s in np.ndindex(-(-N // (16 * sets)), sets):  # set s of CTA cta: its own 16 rows
+        n0 = (cta * sets + s) * 16
         row0, row1 = n0 + g, n0 + g + 8
         r0, r1 = np.where(row0 < N, row0, 0), np.where(row1 < N, row1, 0)
         accs = []
@@ -253,6 +270,15 @@ def test_warps_split_k():
     assert [warps_for(b) for b in (1, 3, 4, 8, 16, 32, 112)] == [1, 1, 2, 4, 8, 8, 8]
 
 
+def test_row_sets_share_x_only_past_a_few_tokens_and_while_the_ctas_fill_the_gpu():
+    # 4096 -> 14336 at M = 16: 448 CTAs of two sets still give each of 132 SMs two or more.
+    assert small_m_split(16, 14336, 4096, SMS, -1, MAX_WARPS) == (2, 4)
+    assert small_m_split(16, 28672, 4096, SMS, -1, MAX_WARPS) == (4, 2)
+    assert small_m_split(16, 4096, 4096, SMS, -1, MAX_WARPS) == (1, 8)
+    assert small_m_split(SHARE_MIN_M, 28672, 4096, SMS, -1, MAX_WARPS) == (1, 8)  # x is a few rows
+    assert small_m_split(1, 28672, 384, SMS, 8, MAX_WARPS) == (8, 1)  # more sets than K's warps
+
+
 # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8 warps,
 # the last two with none; N not a multiple of 16.
 SHAPES = [(1, 128, 16), (3, 384, 20), (8, 512, 16), (9, 256, 24), (16, 1024, 16), (2, 2176, 8), (12, 640, 33)]
@@ -268,6 +294,19 @@ def test_kernel_mapping_equals_x_wt(dtype, m, k, n, layout):
     y = kernel(x_bits, wp, scale.numpy(), bias.numpy(), dtype, a16=layout == "a16")
     ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
     assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]
+
+
+# Sets of rows per CTA: N not a multiple of 16 * sets (the last CTA's sets past N read row 0),
+# sets with fewer warps each, and more sets than K gives warps (one warp a set).
+@pytest.mark.parametrize("m,k,n,row_groups", [(12, 640, 33, 2), (16, 1024, 40, 4), (5, 2176, 24, 8), (2, 384, 70, 8)])
+def test_kernel_mapping_with_row_sets_equals_x_wt(m, k, n, row_groups):
+    x, packed, scale, bias = _inputs(m, k, n, "bf16", seed=m * 1000 + k + n + row_groups)
+    x_bits = float_to_bits(x.numpy(), "bf16")
+    for layout in ("v1", "a16"):
+        wp = layouts.repack(packed, layout).numpy()
+        y = kernel(x_bits, wp, scale.numpy(), bias.numpy(), "bf16", a16=layout == "a16", row_groups=row_groups)
+        ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
+        assert np.array_equal(y.astype(np.float64), ref), (layout, np.argwhere(y != ref)[:5])
 
 
 def test_decode_a16_pairs_are_neighbours():
@@ -329,22 +368,21 @@ def mma_s8(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarra
     return out
 
 
-def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray,
+              row_groups: int = -1) -> np.ndarray:
     """Replays launch_ternary_mma_a8: q8 int8 [M, K], qs fp32 [M], wp uint8 [N, K/4] (a8), ws fp16."""
     M, K = q8.shape
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
     blocks = K // 128
-    warps = 1
-    while warps < A8_MAX_WARPS and blocks // (2 * warps) >= 2:
-        warps *= 2
+    sets, warps = small_m_split(M, N, K, SMS, row_groups, A8_MAX_WARPS)
     per_warp = (blocks + warps - 1) // warps
     q_words = np.ascontiguousarray(q8).view(U32)  # [M, K/4]
     out = np.full((M, N), np.nan, np.float32)
     lanes = np.arange(32)
     g, qd = lanes // 4, lanes % 4
-    for cta in range((N + 15) // 16):
-        row0, row1 = cta * 16 + g, cta * 16 + g + 8
+    for cta, s in np.ndindex(-(-N // (16 * sets)), sets):
+        row0, row1 = (cta * sets + s) * 16 + g, (cta * sets + s) * 16 + g + 8
         r0, r1 = np.where(row0 < N, row0, 0), np.where(row1 < N, row1, 0)
         total = np.zeros((NT, 32, 4), np.float32)
         for warp in range(warps):  # the ring only prefetches: blocks run in order either way
@@ -390,8 +428,8 @@ def test_decode_a8_quads_every_code():
         assert np.array_equal(s8(quad(words, r)), value[:, 4 * r : 4 * r + 4]), r
 
 
-@pytest.mark.parametrize("m,k,n", SHAPES)
-def test_kernel_a8_mapping_equals_the_spec(m, k, n):
+@pytest.mark.parametrize("m,k,n,row_groups", [(*shape, -1) for shape in SHAPES] + [(12, 640, 33, 2), (5, 2176, 24, 8)])
+def test_kernel_a8_mapping_equals_the_spec(m, k, n, row_groups):
     g = torch.Generator().manual_seed(m * 7 + k + n)
     codes = torch.randint(0, 4, (n, k), generator=g).to(torch.uint8)
     packed = pack_codes(codes)
@@ -399,7 +437,8 @@ def test_kernel_a8_mapping_equals_the_spec(m, k, n):
     q8 = torch.randint(-127, 128, (m, k), generator=g).to(torch.int8)
     qs = (2.0 ** torch.randint(-4, 1, (m,), generator=g)).to(torch.float32)
     bias = torch.randint(-4, 5, (n,), generator=g).to(torch.float32)
-    y = kernel_a8(q8.numpy(), qs.numpy(), layouts.repack(packed, "a8").numpy(), scale.numpy(), bias.numpy())
+    y = kernel_a8(q8.numpy(), qs.numpy(), layouts.repack(packed, "a8").numpy(), scale.numpy(), bias.numpy(),
+                  row_groups)
     w = dequantize(packed, scale, torch.float64)
     ref = ((q8.double() @ w.T) * qs.double()[:, None] + bias.double()).numpy()
     assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]

@@ -3,11 +3,11 @@
 //
 //   ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
 //   ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-//                           bool a16=False) -> Tensor
+//                           bool a16=False, int row_groups=-1) -> Tensor
 //   ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
-//                              Tensor? bias, ScalarType dtype) -> Tensor
+//                              Tensor? bias, ScalarType dtype, int row_groups=-1) -> Tensor
 //   ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
-//                                    Tensor? bias=None) -> Tensor
+//                                    Tensor? bias=None, int row_groups=-1) -> Tensor
 //   ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
 //                               int layout) -> Tensor
 //   ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
@@ -24,7 +24,9 @@
 // x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, scales [N, K/128]
 // or [N, 1] (a scale per row, ternop/activations.py), and return [M, N] in ``dtype``; the fused
 // form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
-// and quantizes it inside the kernel, with the same result. linear_cuda_dequant (large M, any M
+// and quantizes it inside the kernel, with the same result; the three small-M ops' row_groups
+// (sets of 16 weight rows per CTA, small_m_split in ternary_common.cuh) is -1 for the kernel's
+// choice. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
@@ -35,6 +37,7 @@
 // capture.
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_fp16.h>
@@ -46,14 +49,16 @@ cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, con
                                 void* out, int M, int N, int K, cudaStream_t stream);
 int ternary_mma_max_m();
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, bool a16, cudaStream_t stream);
+                               void* out, int M, int N, int K, bool a16, int row_groups, int sms,
+                               cudaStream_t stream);
 int ternary_mma_a8_max_m();
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
-                                  cudaStream_t stream);
+                                  int row_groups, int sms, cudaStream_t stream);
 bool ternary_mma_a8_fused_takes(int M, int K);
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
-                                        const void* bias, void* out, int M, int N, int K, cudaStream_t stream);
+                                        const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
+                                        cudaStream_t stream);
 int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile);
 cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
                                      const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
@@ -135,6 +140,16 @@ void check_x(const char* op, const at::Tensor& x, int max_m, bool fp32) {
 
 cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
+// The multiprocessor count of t's device (ATen caches the properties).
+int sms_of(const at::Tensor& t) { return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount; }
+
+// The small-M kernels' row_groups argument: -1 (the kernel's choice) or 1, 2, 4, 8 sets of 16
+// rows per CTA.
+void check_row_groups(const char* op, int64_t row_groups) {
+  TORCH_CHECK(row_groups == -1 || row_groups == 1 || row_groups == 2 || row_groups == 4 || row_groups == 8, op,
+              ": row_groups must be -1 (the kernel's choice), 1, 2, 4 or 8; got ", row_groups);
+}
+
 // The shared body of the fp16/bf16/fp32-x ops: checks, output allocation, launch(dtype code,
 // bias pointer, out, M, N, K) on the current stream, error check. `row_scales`: the kernel also
 // takes weight_scale [N, 1].
@@ -166,12 +181,15 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, con
 }
 
 at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                           const std::optional<at::Tensor>& bias, bool a16) {
-  return run_on_x("ternop.linear_cuda_mma", x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(), false,
+                           const std::optional<at::Tensor>& bias, bool a16, int64_t row_groups) {
+  const char* op = "ternop.linear_cuda_mma";
+  check_row_groups(op, row_groups);
+  return run_on_x(op, x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(), false,
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
                                                       reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
-                                                      out, M, N, K, a16, stream_of(x));
+                                                      out, M, N, K, a16, static_cast<int>(row_groups), sms_of(x),
+                                                      stream_of(x));
                   });
 }
 
@@ -204,13 +222,16 @@ at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, c
 
 at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
                               const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                              at::ScalarType dtype) {
-  return run_on_q("ternop.linear_cuda_mma_a8", q, qs, weight_packed, weight_scale, bias, dtype,
+                              at::ScalarType dtype, int64_t row_groups) {
+  const char* op = "ternop.linear_cuda_mma_a8";
+  check_row_groups(op, row_groups);
+  return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype,
                   ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
                                                          weight_packed.data_ptr<uint8_t>(),
                                                          reinterpret_cast<const __half*>(weight_scale.data_ptr()),
-                                                         row_scaled(weight_scale, K), b, out, M, N, K, stream_of(q));
+                                                         row_scaled(weight_scale, K), b, out, M, N, K,
+                                                         static_cast<int>(row_groups), sms_of(q), stream_of(q));
                   });
 }
 
@@ -234,8 +255,10 @@ at::Tensor linear_cuda_wgmma_a8(const at::Tensor& q, const at::Tensor& qs, const
 }
 
 at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weight_packed,
-                                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias) {
+                                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                                    int64_t row_groups) {
   const char* op = "ternop.linear_cuda_mma_a8_fused";
+  check_row_groups(op, row_groups);
   const bool takes = x.dim() == 2 && x.size(1) <= INT32_MAX &&
                      ternop::ternary_mma_a8_fused_takes(static_cast<int>(x.size(0)), static_cast<int>(x.size(1)));
   TORCH_CHECK(takes, op, ": x ", x.sizes(), " is past the fused quantization's M <= 2 and M * K <= 40960");
@@ -244,6 +267,7 @@ at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weigh
                     return ternop::launch_ternary_mma_a8_fused(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
                                                                reinterpret_cast<const __half*>(weight_scale.data_ptr()),
                                                                row_scaled(weight_scale, K), b, out, M, N, K,
+                                                               static_cast<int>(row_groups), sms_of(x),
                                                                stream_of(x));
                   },
                   /*row_scales=*/true);

@@ -33,10 +33,13 @@
 // 2^7 + (v + 2) (bf16, magic 0x4300), exactly; one packed subtract of (2^10 + 2) or
 // (2^7 + 2) leaves v. That is a shift, a LOP3 and an HSUB2 per two codes.
 //
-// Work split. A CTA of W warps owns 16 rows; warp w takes a contiguous range of scale
-// blocks and keeps kDepth blocks of weight loads in flight. Warps 1..W-1 leave their C
-// fragments in shared memory; warp 0 adds them in a fixed order (deterministic), adds the
-// bias and writes out once. No atomics, no workspace.
+// Work split (small_m_split, ternary_common.cuh). A CTA of R x W warps owns R sets of 16
+// rows; warp (r, w) takes set r and a contiguous range of its scale blocks, and keeps
+// kDepth blocks of weight loads in flight. The R warps with the same w read the same x at
+// about the same time, so x comes from L2 once per CTA and from L1 for the others. Warps
+// w = 1..W-1 of a set leave their C fragments in shared memory; warp 0 of the set adds them
+// in a fixed order (deterministic), adds the bias and writes out once. No atomics, no
+// workspace.
 
 #include <type_traits>
 
@@ -186,13 +189,14 @@ __device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint
 template <typename T, int NT, bool kA16>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
-    const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+    const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int warps_log2) {
   __shared__ float red[kMaxWarps - 1][NT * 4][32];
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warps = blockDim.x / 32;
+  // 2^warps_log2 warps (warps_k of the split) per set of 16 rows; blockDim.x / 32 / warps sets.
+  const int warps = 1 << warps_log2;
+  const int set = threadIdx.x >> (5 + warps_log2), warp = (threadIdx.x >> 5) & (warps - 1), lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
-  const int n0 = blockIdx.x * 16;
+  const int n0 = (blockIdx.x * (blockDim.x >> (5 + warps_log2)) + set) * 16;
   const int row0 = n0 + g, row1 = n0 + g + 8;
 
   const int blocks = K / 128;
@@ -277,11 +281,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
   }
 
   if (warps > 1) {
+    // This set's warps - 1 slots (the set recomputed here rather than kept live through the loop).
+    float(*const mine)[NT * 4][32] = red + (threadIdx.x >> (5 + warps_log2)) * (warps - 1);
     if (warp > 0) {
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) red[warp - 1][t * 4 + r][lane] = acc[t][r];
+        for (int r = 0; r < 4; ++r) mine[warp - 1][t * 4 + r][lane] = acc[t][r];
     }
     __syncthreads();
     if (warp > 0) return;
@@ -289,7 +295,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[t][r] += red[w][t * 4 + r][lane];
+        for (int r = 0; r < 4; ++r) acc[t][r] += mine[w][t * 4 + r][lane];
   }
 
   // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
@@ -306,26 +312,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     }
 }
 
-// Warps per CTA: split K so that each warp gets at least two scale blocks (K = 4096 -> 8
-// warps of 4 blocks; K = 384 -> 1 warp).
-int warps_for(int blocks) {
-  int w = 1;
-  while (w < kMaxWarps && blocks / (2 * w) >= 2) w *= 2;
-  return w;
-}
-
 template <typename T, bool kA16>
 cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
-                     int K, cudaStream_t stream) {
+                     int K, SmallMSplit split, cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  const dim3 grid((N + 15) / 16);
-  const dim3 block(32 * warps_for(K / 128));
+  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
+  const dim3 block(32 * split.groups * split.warps_k);
   if (M <= 8) {
-    ternary_mma_kernel<T, 1, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+    ternary_mma_kernel<T, 1, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, split.warps_log2);
   } else {
-    ternary_mma_kernel<T, 2, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K);
+    ternary_mma_kernel<T, 2, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, split.warps_log2);
   }
   return cudaGetLastError();
 }
@@ -338,13 +336,16 @@ int ternary_mma_max_m() { return 16; }
 // x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4] in format v1
 // (a16 = false) or the a16 layout (a16 = true); ws: fp16 [N, K/128]; bias: [N] in x's dtype or
 // nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 16,
-// N < 2^31 / 16.
+// N < 2^31 / 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the
+// kernel's choice from the layer and `sms`, the device's multiprocessor count.
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, bool a16, cudaStream_t stream) {
-  if (!valid_shape(M, ternary_mma_max_m(), N, K)) return cudaErrorInvalidValue;
+                               void* out, int M, int N, int K, bool a16, int row_groups, int sms,
+                               cudaStream_t stream) {
+  if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps) return cudaErrorInvalidValue;
+  const SmallMSplit split = small_m_split(M, N, K, sms, row_groups, kMaxWarps);
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
-    return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, stream)
-               : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, stream);
+    return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, split, stream)
+               : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, split, stream);
   });
 }
 

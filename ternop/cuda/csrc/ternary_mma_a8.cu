@@ -9,9 +9,11 @@
 // with the spec's arithmetic, and the separate quantization launch (the larger part of a
 // decode step's cost at M = 1) disappears. Each CTA re-reads x from L2 (M * K elements), which
 // is why the fused form stops at small M. Like ternary_mma.cu, this file
-// holds only CUDA code, and its structure is that kernel's: a CTA of W warps owns 16 rows,
-// warp w takes a contiguous range of scale blocks with two blocks of weight loads in flight,
-// and warp 0 adds the other warps' fragments in a fixed order (deterministic, no atomics).
+// holds only CUDA code, and its structure is that kernel's: a CTA of R x W warps owns R sets
+// of 16 rows (small_m_split, ternary_common.cuh), warp (r, w) takes a contiguous range of
+// set r's scale blocks with two blocks of weight loads in flight, and warp 0 of a set adds the
+// other warps' fragments in a fixed order (deterministic, no atomics). The R sets share each
+// read of x (and, fused, one quantization of it per CTA).
 //
 // Orientation. One mma.sync m16n8k32 s8 multiplies A = 16 weight rows x 32 k by
 // B = 32 k x 8 tokens into int32 C [16 rows x 8 tokens]; M <= 8 uses one n8 tile, M <= 16
@@ -162,16 +164,17 @@ template <typename T, int NT, bool kFused>
 __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma_a8_kernel(
     const int8_t* __restrict__ q, const float* __restrict__ qs, const T* __restrict__ x,
     const uint8_t* __restrict__ wp, const __half* __restrict__ ws, bool row, const T* __restrict__ bias,
-    T* __restrict__ out, int M, int N, int K) {
+    T* __restrict__ out, int M, int N, int K, int warps_log2) {
   __shared__ float red[kMaxWarpsA8 - 1][NT * 4][32];
   extern __shared__ __align__(16) int8_t xq_shared[];  // kFused: the quantized rows, [M, K]
   __shared__ float qs_shared[kFusedMaxM];
   __shared__ float scratch[kMaxWarpsA8][kFusedMaxM];
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warps = blockDim.x / 32;
+  // 2^warps_log2 warps (warps_k of the split) per set of 16 rows; blockDim.x / 32 / warps sets.
+  const int warps = 1 << warps_log2;
+  const int set = threadIdx.x >> (5 + warps_log2), warp = (threadIdx.x >> 5) & (warps - 1), lane = threadIdx.x % 32;
   const int g = lane / 4, qd = lane % 4;
-  const int n0 = blockIdx.x * 16;
+  const int n0 = (blockIdx.x * (blockDim.x >> (5 + warps_log2)) + set) * 16;
   const int row0 = n0 + g, row1 = n0 + g + 8;
 
   const int blocks = K / 128;
@@ -272,11 +275,13 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
   }
 
   if (warps > 1) {
+    // This set's warps - 1 slots (the set recomputed here rather than kept live through the loop).
+    float(*const mine)[NT * 4][32] = red + (threadIdx.x >> (5 + warps_log2)) * (warps - 1);
     if (warp > 0) {
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) red[warp - 1][t * 4 + r][lane] = acc[t][r];
+        for (int r = 0; r < 4; ++r) mine[warp - 1][t * 4 + r][lane] = acc[t][r];
     }
     __syncthreads();
     if (warp > 0) return;
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[t][r] += red[w][t * 4 + r][lane];
+        for (int r = 0; r < 4; ++r) acc[t][r] += mine[w][t * 4 + r][lane];
   }
 
   // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
@@ -309,26 +314,24 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
     }
 }
 
-int warps_for_a8(int blocks) {
-  int w = 1;
-  while (w < kMaxWarpsA8 && blocks / (2 * w) >= 2) w *= 2;
-  return w;
-}
-
 template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
-                        bool row, const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
+                        bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
+                        cudaStream_t stream) {
+  if (row_groups > kMaxWarpsA8) return cudaErrorInvalidValue;
+  const SmallMSplit split = small_m_split(M, N, K, sms, row_groups, kMaxWarpsA8);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  const dim3 grid((N + 15) / 16);
-  const dim3 block(32 * warps_for_a8(K / 128));
+  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
+  const dim3 block(32 * split.groups * split.warps_k);
+  const int wk = split.warps_log2;
   if (x != nullptr) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
     ternary_mma_a8_kernel<T, 1, true><<<grid, block, static_cast<size_t>(M) * K, stream>>>(
-        nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K);
+        nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
   } else if (M <= 8) {
-    ternary_mma_a8_kernel<T, 1, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K);
+    ternary_mma_a8_kernel<T, 1, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
   } else {
-    ternary_mma_a8_kernel<T, 2, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K);
+    ternary_mma_a8_kernel<T, 2, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
   }
   return cudaGetLastError();
 }
@@ -342,14 +345,15 @@ int ternary_mma_a8_max_m() { return 16; }
 // layout, 16-byte aligned; ws: fp16 [N, K/128], or [N, 1] when `row` (a scale per row,
 // ternop/activations.py); bias: [N] in the output dtype or nullptr;
 // out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
-// 1 <= M <= 16.
+// 1 <= M <= 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
+// choice from the layer and `sms`, the device's multiprocessor count.
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
-                                  cudaStream_t stream) {
+                                  int row_groups, int sms, cudaStream_t stream) {
   if (!valid_shape(M, ternary_mma_a8_max_m(), N, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, stream);
+    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, row_groups, sms, stream);
   });
 }
 
@@ -361,11 +365,13 @@ bool ternary_mma_a8_fused_takes(int M, int K) {
 // The same product from x itself: x [M, K] of dtype x_dtype, contiguous and 16-byte aligned,
 // quantized per token inside the kernel exactly as ternop/activations.py says; out in x's dtype.
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
-                                        const void* bias, void* out, int M, int N, int K, cudaStream_t stream) {
+                                        const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
+                                        cudaStream_t stream) {
   if (!valid_shape(M, kFusedMaxM, N, K) || !ternary_mma_a8_fused_takes(M, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(x_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, row, bias, out, M, N, K, stream);
+    return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, row, bias, out, M, N, K, row_groups,
+                          sms, stream);
   });
 }
 
