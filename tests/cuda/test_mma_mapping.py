@@ -48,8 +48,7 @@ BIAS_A16 = {d: _struct_const(_MMA_SRC, d, "kBiasA16") for d in ("fp16", "bf16")}
 A8_MAX_WARPS = _const(_A8_SRC, "kMaxWarpsA8")
 A8_DEPTH = _const(_A8_SRC, "kDepthA8")
 A8_TABLE = _const(_A8_SRC, "kTable")
-SHARE_MIN_M = _const(_COMMON_SRC, "kSmallMShareMinM")
-MIN_CTAS_PER_SM = _const(_COMMON_SRC, "kSmallMMinCtasPerSm")
+MIN_CTAS_PER_2_SMS = _const(_COMMON_SRC, "kSmallMMinCtasPer2Sms")
 SMS = 132  # an H200's multiprocessors, for the kernels' own choice of the split
 U32 = np.uint32
 
@@ -108,15 +107,14 @@ def warps_for(blocks: int, max_warps: int = MAX_WARPS) -> int:
     return w
 
 
-def small_m_split(m: int, n: int, k: int, sms: int, row_groups: int, max_warps: int) -> tuple[int, int]:
+def small_m_split(n: int, k: int, sms: int, row_groups: int, max_warps: int) -> tuple[int, int]:
     """small_m_split: (sets of 16 rows per CTA, warps per set)."""
     w = warps_for(k // 128, max_warps)
     r = row_groups
     if r <= 0:
         r = 1
-        if m > SHARE_MIN_M:
-            while 2 * r <= max_warps and -(-n // (32 * r)) >= MIN_CTAS_PER_SM * sms:
-                r *= 2
+        while 2 * r <= max_warps and 2 * -(-n // (32 * r)) >= MIN_CTAS_PER_2_SMS * sms:
+            r *= 2
     return r, (1 if r >= w else w // r)
 
 
@@ -187,7 +185,7 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
     blocks = K // 128
-    sets, warps = small_m_split(M, N, K, SMS, row_groups, MAX_WARPS)
+    sets, warps = small_m_split(N, K, SMS, row_groups, MAX_WARPS)
     per_warp = (blocks + warps - 1) // warps
     x_words = np.ascontiguousarray(x_bits).view(U32)  # [M, K/2]: little-endian pairs of halves
     w_bytes = np.ascontiguousarray(wp)
@@ -270,13 +268,15 @@ def test_warps_split_k():
     assert [warps_for(b) for b in (1, 3, 4, 8, 16, 32, 112)] == [1, 1, 2, 4, 8, 8, 8]
 
 
-def test_row_sets_share_x_only_past_a_few_tokens_and_while_the_ctas_fill_the_gpu():
-    # 4096 -> 14336 at M = 16: 448 CTAs of two sets still give each of 132 SMs two or more.
-    assert small_m_split(16, 14336, 4096, SMS, -1, MAX_WARPS) == (2, 4)
-    assert small_m_split(16, 28672, 4096, SMS, -1, MAX_WARPS) == (4, 2)
-    assert small_m_split(16, 4096, 4096, SMS, -1, MAX_WARPS) == (1, 8)
-    assert small_m_split(SHARE_MIN_M, 28672, 4096, SMS, -1, MAX_WARPS) == (1, 8)  # x is a few rows
-    assert small_m_split(1, 28672, 384, SMS, 8, MAX_WARPS) == (8, 1)  # more sets than K's warps
+def test_row_sets_per_cta_while_the_ctas_still_fill_the_gpu():
+    # 132 SMs: 4096 -> 14336 in 224 CTAs of four sets (112 of eight would idle SMs), 4096 -> 28672
+    # in 224 of eight; 4096 and 6144 rows stay at one set (128 and 192 CTAs of two measured slower).
+    assert small_m_split(14336, 4096, SMS, -1, MAX_WARPS) == (4, 2)
+    assert small_m_split(28672, 4096, SMS, -1, MAX_WARPS) == (8, 1)
+    assert small_m_split(4096, 4096, SMS, -1, MAX_WARPS) == (1, 8)
+    assert small_m_split(6144, 1024, SMS, -1, MAX_WARPS) == (1, 4)
+    assert small_m_split(4096, 4096, 66, -1, MAX_WARPS) == (2, 4)  # half the SMs: two sets fill them
+    assert small_m_split(28672, 384, SMS, 8, MAX_WARPS) == (8, 1)  # more sets than K's warps
 
 
 # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8 warps,
@@ -375,7 +375,7 @@ def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bi
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
     blocks = K // 128
-    sets, warps = small_m_split(M, N, K, SMS, row_groups, A8_MAX_WARPS)
+    sets, warps = small_m_split(N, K, SMS, row_groups, A8_MAX_WARPS)
     per_warp = (blocks + warps - 1) // warps
     q_words = np.ascontiguousarray(q8).view(U32)  # [M, K/4]
     out = np.full((M, N), np.nan, np.float32)

@@ -49,27 +49,28 @@ inline bool valid_shape(int M, int max_m, int N, int K) {
 // CTA of groups x warps_k warps (at most kMax) owns `groups` sets of 16 weight rows, and the
 // warps_k warps of a set split its scale blocks. Warps of different sets read the same x at
 // the same time, so a CTA reads x from L2 once for 16 * groups rows instead of once per 16
-// (at M = 16 that traffic was eight times the weights' bytes).
+// (at M = 16 that traffic is eight times the weights' bytes). Measured, it pays only on the
+// widest layers, by 0-14%: x traffic is not what mainly limits these kernels.
 struct SmallMSplit {
   int groups;   // sets of 16 rows per CTA: 1, 2, 4 or 8
   int warps_k;  // warps per set, each with a contiguous range of at least two scale blocks
   int warps_log2;  // log2(warps_k), what the kernels take
 };
 
-// `row_groups` <= 0 picks by the layer: more sets while the CTAs still number at least
-// kSmallMMinCtasPerSm per SM (fewer CTAs leave SMs idle at the end of the grid), and only
-// for M > kSmallMShareMinM, where x is more than a few rows.
-constexpr int kSmallMShareMinM = 4;
-constexpr int kSmallMMinCtasPerSm = 2;
-inline SmallMSplit small_m_split(int M, int N, int K, int sms, int row_groups, int max_warps) {
+// `row_groups` <= 0 picks by the layer: the most sets (up to max_warps) that still leave at
+// least 1.5 CTAs per SM; fewer leave SMs idle at the end of the grid. On the H200
+// (benchmarks/sweep_tiles.py --kernel mma / mma_a8, results/h200/sweep_mma*_row_sets.json) that
+// takes 4 sets on 4096->14336 and 8 on 4096->28672 and keeps 1 on every narrower layer, where
+// more sets measured slower.
+constexpr int kSmallMMinCtasPer2Sms = 3;  // at least 3 CTAs per 2 SMs
+inline SmallMSplit small_m_split(int N, int K, int sms, int row_groups, int max_warps) {
   const int blocks = K / 128;
   int w = 1;  // warps for one set: at least two blocks each (K = 4096 -> 8 warps of 4 blocks)
   while (w < max_warps && blocks / (2 * w) >= 2) w *= 2;
   int r = row_groups;
   if (r <= 0) {
     r = 1;
-    if (M > kSmallMShareMinM)
-      while (2 * r <= max_warps && (N + 32 * r - 1) / (32 * r) >= kSmallMMinCtasPerSm * sms) r *= 2;
+    while (2 * r <= max_warps && 2 * ((N + 32 * r - 1) / (32 * r)) >= kSmallMMinCtasPer2Sms * sms) r *= 2;
   }
   const int warps_k = r >= w ? 1 : w / r;
   int log2 = 0;

@@ -342,7 +342,7 @@ cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, cons
                                void* out, int M, int N, int K, bool a16, int row_groups, int sms,
                                cudaStream_t stream) {
   if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps) return cudaErrorInvalidValue;
-  const SmallMSplit split = small_m_split(M, N, K, sms, row_groups, kMaxWarps);
+  const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarps);
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
     return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, split, stream)
                : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, split, stream);

@@ -319,7 +319,7 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
                         bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
                         cudaStream_t stream) {
   if (row_groups > kMaxWarpsA8) return cudaErrorInvalidValue;
-  const SmallMSplit split = small_m_split(M, N, K, sms, row_groups, kMaxWarpsA8);
+  const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarpsA8);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
