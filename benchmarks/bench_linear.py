@@ -8,8 +8,13 @@ Method (as a server runs: no per-call syncs):
 - Weights are rotated: each timed graph calls the layer on R distinct weight copies, with R
   chosen so that the copies together exceed twice the 50 MB L2; every call reads its
   weights from HBM, for bf16 and ternary alike.
-- Each implementation is captured once into a CUDA graph of R calls; CUDA events time
-  whole replays; the time per call is the median over replays divided by R.
+- Each implementation is captured once into a CUDA graph of R calls, R the same for every
+  implementation of one (shape, M) (the largest copy count among them; fewer copies are
+  cycled); CUDA events time whole replays, and the replays of all implementations take turns
+  (one of each, seven rounds after two warm-up rounds), so that all of them see the same GPU
+  clock: under sustained large-M GEMMs the H200 lowers its SM clock by up to a fifth, and
+  timed one after another, with graphs of different lengths, the same call moved by up to
+  10% (``probe_sustained.py``). The time per call is the median over rounds divided by R.
 - Reported per (shape, M, implementation): microseconds per call, speed-up over cuBLAS
   bf16 at the same (shape, M), GB/s (the bytes the implementation must move: weights,
   x and out) and TFLOP/s (2*M*N*K).
@@ -63,8 +68,8 @@ def copies_for(bytes_per_copy: int, cap: int = 256) -> int:
     return max(2, min(cap, math.ceil(2 * L2_BYTES / bytes_per_copy)))
 
 
-def time_graph(fn, calls: int, replays: int = 7, warmup: int = 2) -> float:
-    """Median microseconds per call of ``fn(i)`` for i in range(calls), timed as CUDA graph replays."""
+def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn(i)`` for i in range(calls), after eager calls that compile kernels."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -76,17 +81,28 @@ def time_graph(fn, calls: int, replays: int = 7, warmup: int = 2) -> float:
     with torch.cuda.graph(graph):
         for i in range(calls):
             fn(i)
-    times = []
+    return graph
+
+
+def time_interleaved(graphs: dict, calls: int, replays: int = 7, warmup: int = 2) -> dict:
+    """name -> median microseconds per call; one replay of every graph per round, in turn."""
+    times = {name: [] for name in graphs}
     for r in range(warmup + replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if r >= warmup:
-            times.append(start.elapsed_time(end) * 1000.0 / calls)
-    del graph
-    return statistics.median(times)
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            if r >= warmup:
+                times[name].append(start.elapsed_time(end) * 1000.0 / calls)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def time_graph(fn, calls: int, replays: int = 7, warmup: int = 2) -> float:
+    """Median microseconds per call of ``fn(i)`` for i in range(calls), timed as CUDA graph replays."""
+    graph = capture(fn, calls)
+    return time_interleaved({"fn": graph}, calls, replays, warmup)["fn"]
 
 
 def make_weights(k: int, n: int, copies: int):
@@ -214,12 +230,16 @@ def run_bench(args, save=None) -> dict:
             marlin = make_marlin(k, n, copies_for(n * k // 2)) if args.marlin else None
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
-                row = {}
-                for name, (fn, calls) in impls(x, tern, dense, marlin, args.below_floors).items():
+                cell = impls(x, tern, dense, marlin, args.below_floors)
+                calls = max(c for _, c in cell.values())
+                graphs = {}
+                for name, (fn, _) in cell.items():
                     try:
-                        row[name] = time_graph(fn, calls)
+                        graphs[name] = capture(fn, calls)
                     except Exception as exc:  # report a broken backend, keep measuring the rest
                         print(f"  {name} failed at K={k} N={n} M={m}: {type(exc).__name__}: {exc}"[:400], flush=True)
+                row = time_interleaved(graphs, calls)
+                del graphs
                 base = row["cublas_bf16"]
                 for name, us in row.items():
                     results.append({
@@ -255,8 +275,9 @@ def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
         "cuda": torch.version.cuda,
         "triton": _triton_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "method": "CUDA-graph replays of R calls over R rotated weight copies (> 2x the 50 MB L2), "
-                  "CUDA events, median of 7 replays after 2 warm-ups; x and out in bf16; ternop_a8 and "
+        "method": "CUDA-graph replays of R calls over rotated weight copies (> 2x the 50 MB L2), R the same "
+                  "for every implementation of a (shape, M); CUDA events; the implementations' replays take "
+                  "turns, median of 7 rounds after 2 warm-up rounds; x and out in bf16; ternop_a8 and "
                   "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
         "backends_below_floors": below_floors,
