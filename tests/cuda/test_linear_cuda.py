@@ -312,7 +312,7 @@ def test_linear_cuda_small_m_kernels_every_row_set_count(row_groups):
         q, qs = quantize_rows(x)
         y = torch.ops.ternop.linear_cuda_mma_a8(q, qs, a8, pow2, bias, x.dtype, row_groups)
         assert torch.equal(y.cpu(), want), (m, k, n)
-        if m * k <= 40960:
+        if m <= 2 and m * k <= 40960:  # what the fused quantization takes
             y = torch.ops.ternop.linear_cuda_mma_a8_fused(x, a8, pow2, bias, row_groups)
             assert torch.equal(y.cpu(), want), (m, k, n, "fused")
 
