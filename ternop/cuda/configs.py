@@ -213,7 +213,7 @@ WGMMA_LARGE_MIN_NK = 1 << 25
 # dequant_a8 wants at least this many output tiles per SM: at M = 2048 on the N = 1024 layers
 # (128 tiles of 128 x 128 on 132 SMs) it ran 0.63-0.64x of cuBLAS bf16, behind triton_a8's
 # 0.72-0.76x, and ahead from M = 8192 (0.80-0.83x against 0.71-0.73x; results/h200/
-# bench_a8_row_dequant_fa26c74.json, bench_a8_row_dequant_1ae0ffb.json and bench_linear.json).
+# bench_a8_row_dequant_fa26c74.json, bench_a8_row_dequant_1ae0ffb.json and bench_linear_cd61348.json).
 DEQUANT_A8_MIN_TILES_PER_SM = 2
 
 

@@ -431,7 +431,7 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
                    f"or K={WGMMA_A8_ROW_MIN_K}")  # fmt: skip
     elif not why and not _forced("cuda_wgmma_a8"):
         # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on
-        # the 0.6B layers and 0.76-0.90x on the 8B ones, where bench_linear.json's triton_a8 runs
+        # the 0.6B layers and 0.76-0.90x on the 8B ones, where bench_linear.json's triton_a8 (576215d) runs
         # 0.62-0.77x and 0.74-0.87x; ahead only on the widest 8B layers at M = 64..128, by margins
         # no same-run comparison has confirmed. Kept for the int8 Hopper work (docs/KERNELS.md).
         why = f"{WGMMA_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_wgmma_a8)"
