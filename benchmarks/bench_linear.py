@@ -15,10 +15,11 @@ Method (as a server runs: no per-call syncs):
   clock: under sustained large-M GEMMs the H200 lowers its SM clock by up to a fifth, and
   timed one after another, with graphs of different lengths, the same call moved by up to
   10% (``probe_sustained.py``). The time per call is the median over rounds divided by R.
-- Before each timed replay a kernel reads a buffer of twice the L2's size, so every replay
-  starts from the same L2: clean lines of no use to it. (Taking turns without it, a replay
-  that followed one writing 50 MB of dequantized weights paid for their write-back: up to 2 us
-  a call where R is 7.)
+- Each timed replay follows an untimed replay of the same graph, so it starts from that
+  implementation's own steady state (its clock, its L2), not from the one the implementation
+  before it in the round left. (With only a read of twice the L2 between them, at 7f9e7eb,
+  the dispatcher's row, which followed the slow ``dequant_bf16``, measured 1-14% slower at
+  M <= 16 than the same kernel forced later in the round.)
 - Reported per (shape, M, implementation): microseconds per call, speed-up over cuBLAS
   bf16 at the same (shape, M), GB/s (the bytes the implementation must move: weights,
   x and out) and TFLOP/s (2*M*N*K).
@@ -88,23 +89,13 @@ def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
-_SCRUB: list = []
-
-
-def scrub_l2() -> None:
-    """Fills the L2 with clean lines of a buffer no timed call reads (its earlier dirty lines
-    are written back here, not inside the next timing)."""
-    if not _SCRUB:
-        _SCRUB.append(torch.ones(2 * L2_BYTES // 4, device="cuda"))
-    _SCRUB[0].sum()
-
-
 def time_interleaved(graphs: dict, calls: int, replays: int = 7, warmup: int = 2) -> dict:
-    """name -> median microseconds per call; one replay of every graph per round, in turn."""
+    """name -> median microseconds per call; per round, each graph in turn is replayed twice and
+    the second replay timed."""
     times = {name: [] for name in graphs}
     for r in range(warmup + replays):
         for name, graph in graphs.items():
-            scrub_l2()
+            graph.replay()  # untimed: this graph's own steady state for the timed replay
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()
@@ -293,8 +284,8 @@ def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": "CUDA-graph replays of R calls over rotated weight copies (> 2x the 50 MB L2), R the same "
                   "for every implementation of a (shape, M); CUDA events; the implementations' replays take "
-                  "turns, each after a read of 2x the L2 size, median of 7 rounds after 2 warm-up rounds; x and "
-                  "out in bf16; ternop_a8 and "
+                  "turns, each timed replay after an untimed one of the same graph, median of 7 rounds after 2 "
+                  "warm-up rounds; x and out in bf16; ternop_a8 and "
                   "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
         "backends_below_floors": below_floors,
