@@ -46,7 +46,7 @@ inline bool valid_shape(int M, int max_m, int N, int K) {
 }
 
 // The work split of the small-M tensor-core kernels (ternary_mma.cu, ternary_mma_a8.cu): a
-// CTA of groups x warps_k warps (at most kMax) owns `groups` sets of 16 weight rows, and the
+// CTA of groups x warps_k warps (at most max_warps) owns `groups` sets of 16 weight rows, and the
 // warps_k warps of a set split its scale blocks. Warps of different sets read the same x at
 // the same time, so a CTA reads x from L2 once for 16 * groups rows instead of once per 16
 // (at M = 16 that traffic is eight times the weights' bytes). Measured, it pays only on the
