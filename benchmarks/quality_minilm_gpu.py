@@ -2,20 +2,22 @@
 
 Three steps, so that only small files travel:
 
-    python benchmarks/quality_minilm_gpu.py prepare JOB [--extra-text FILE ...] [-- DISTILL OPTIONS]
+    python benchmarks/quality_minilm_gpu.py prepare JOB [--extra-text FILE ...] [--force] [-- DISTILL OPTIONS]
         here: JOB/model16 (the model in fp16; of the word embeddings only the rows of the tokens
         that the training text uses, in int8 with one scale per row), JOB/train.txt.xz (the
         built-in training text, one per line, then the texts of each --extra-text file, e.g. the
         generated text of benchmarks/gen_text.py, decontaminated again),
         JOB/COMMAND.txt (the device command with the options) and JOB/MANIFEST.json (sha256s of the data)
-    python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG [-- DISTILL OPTIONS]
+    python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG [--force] [-- DISTILL OPTIONS]
         there, after `pip install --no-deps .`: the fp32 model again, `ternop distill --device cuda`,
         then OUT/TAG.safetensors (ternary layers + trained norms/biases, ternop.quant.artifact),
         OUT/TAG.json (the command, the distill summary, the artifact's sha256) and
         OUT/TAG.log.jsonl (losses every --log-every steps)
-    python benchmarks/quality_minilm_gpu.py finish OUT/TAG.safetensors DST
+    python benchmarks/quality_minilm_gpu.py finish OUT/TAG.safetensors DST [--force]
         here: the full v1 checkpoint, every tensor that distillation does not train taken from the
         real fp32 model
+
+No step replaces what an earlier run wrote (JOB's files, OUT/TAG.*, DST) unless given --force.
 
 The teacher on the GPU machine is the fp32 model rounded through fp16, so that JOB stays under
 40 MiB. Its embedding table holds only the rows of tokens that occur in the training text (the
@@ -63,12 +65,19 @@ def read_texts(path: Path) -> list[str]:
         return [line.strip() for line in f if line.strip()]
 
 
-def prepare(job: Path, extra: list[str], extra_text: list[Path] = ()) -> None:
+def _refuse_existing(paths: list[Path], force: bool) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise SystemExit(f"{', '.join(existing)} already exist(s); pass --force to replace")
+
+
+def prepare(job: Path, extra: list[str], extra_text: list[Path] = (), force: bool = False) -> None:
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
 
     from ternop.cli.traindata import decontaminate, training_texts
 
+    _refuse_existing([job / n for n in ("model16", "train.txt.xz", "COMMAND.txt", "MANIFEST.json")], force)
     src = _minilm()
     texts = training_texts()
     for path in extra_text:
@@ -130,9 +139,10 @@ def _fp32_model(job: Path, dst: Path) -> None:
     save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, str(dst / "model.safetensors"))
 
 
-def device(job: Path, out: Path, tag: str, extra: list[str]) -> None:
+def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False) -> None:
     from ternop.quant import artifact
 
+    _refuse_existing([out / f"{tag}{ext}" for ext in (".safetensors", ".json", ".log.jsonl")], force)
     t0 = time.time()
     manifest = json.loads((job / "MANIFEST.json").read_text())
     bad = [name for name, sha in manifest.items() if _sha(job / name) != sha]
@@ -163,28 +173,37 @@ def device(job: Path, out: Path, tag: str, extra: list[str]) -> None:
     print(f"{out / tag}.safetensors sha256 {sha}; {summary.get('steps')} steps in {time.time() - t0:.0f} s")
 
 
-def finish(path: Path, dst: Path) -> None:
+def finish(path: Path, dst: Path, force: bool = False) -> None:
     from ternop.quant import artifact
 
-    qc = artifact.assemble(path, _minilm(), dst, overwrite=True, progress=True)
+    qc = artifact.assemble(path, _minilm(), dst, overwrite=force, progress=True)
     print(f"{dst}: {qc}")
 
 
-def _extra(argv: list[str]) -> list[str]:
-    return argv[1:] if argv[:1] == ["--"] else argv
+def _options(argv: list[str]) -> tuple[list[Path], bool, list[str]]:
+    """(--extra-text files, --force, the distill options after --) of the words after a step's arguments."""
+    texts, force = [], False
+    while argv[:1] in (["--extra-text"], ["--force"]):
+        if argv[0] == "--force":
+            force, argv = True, argv[1:]
+        elif len(argv) > 1:
+            texts.append(Path(argv[1]))
+            argv = argv[2:]
+        else:
+            sys.exit("--extra-text needs a file")
+    return texts, force, argv[1:] if argv[:1] == ["--"] else argv
 
 
 if __name__ == "__main__":
     step = sys.argv[1] if len(sys.argv) > 1 else ""
     if step == "prepare":
-        rest, texts = sys.argv[3:], []
-        while rest[:1] == ["--extra-text"] and len(rest) > 1:
-            texts.append(Path(rest[1]))
-            rest = rest[2:]
-        prepare(Path(sys.argv[2]), _extra(rest), texts)
+        texts, force, extra = _options(sys.argv[3:])
+        prepare(Path(sys.argv[2]), extra, texts, force)
     elif step == "device":
-        device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], _extra(sys.argv[5:]))
+        _, force, extra = _options(sys.argv[5:])
+        device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], extra, force)
     elif step == "finish":
-        finish(Path(sys.argv[2]), Path(sys.argv[3]))
+        finish(Path(sys.argv[2]), Path(sys.argv[3]), _options(sys.argv[4:])[1])
     else:
-        sys.exit(f"unknown step {step!r}: prepare JOB [--extra-text FILE ...] | device JOB OUT TAG | finish FILE DST")
+        sys.exit(f"unknown step {step!r}: prepare JOB [--extra-text FILE ...] [--force] | device JOB OUT TAG "
+                 "[--force] | finish FILE DST [--force]")
