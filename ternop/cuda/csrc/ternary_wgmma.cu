@@ -434,13 +434,17 @@ int ternary_wgmma_tile(int M, int N, int K, int sms, int tile) {
   return tile >= 0 && tile < kWgTiles ? tile : auto_wgmma_tile(M, N, sms);
 }
 
-// Splits of K: doubled while the CTAs (one an SM) do not fill every SM and each split keeps at
-// least two scale blocks. linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
+// Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave, one CTA an SM
+// (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past one wave
+// gains nothing: twice the splits over two waves is the same time per SM, plus twice the fp32
+// partials, a prologue and an epilogue per CTA, and the reduction (the rule before doubled while
+// tiles * splits < sms, so 112 tiles on 132 SMs ran as 224 half-K CTAs in two waves).
+// linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
   const int64_t tiles = ctas_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N);
   const int blocks = K / 128;
   int splits = 1;
-  while (splits < 16 && tiles * splits < sms && blocks / (2 * splits) >= 2) splits *= 2;
+  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
   return splits;
 }
 
