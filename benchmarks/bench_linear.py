@@ -20,6 +20,9 @@ Method (as a server runs: no per-call syncs):
   before it in the round left. (With only a read of twice the L2 between them, at 7f9e7eb,
   the dispatcher's row, which followed the slow ``dequant_bf16``, measured 1-14% slower at
   M <= 16 than the same kernel forced later in the round.)
+- ``dequant_bf16`` takes no turns: it is timed on its own after the rounds. With the untimed
+  replay alone (38af09e) the dispatcher's row, right after it, still read 3-6% slower at
+  M = 8192 than the same backend forced later in the round.
 - Reported per (shape, M, implementation): microseconds per call, speed-up over cuBLAS
   bf16 at the same (shape, M), GB/s (the bytes the implementation must move: weights,
   x and out) and TFLOP/s (2*M*N*K).
@@ -71,6 +74,10 @@ DTYPE = torch.bfloat16
 
 def copies_for(bytes_per_copy: int, cap: int = 256) -> int:
     return max(2, min(cap, math.ceil(2 * L2_BYTES / bytes_per_copy)))
+
+
+SEPARATE = ("dequant_bf16",)
+"""Implementations timed after the rounds instead of taking turns in them (baselines, not contenders)."""
 
 
 def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
@@ -245,8 +252,13 @@ def run_bench(args, save=None) -> dict:
                         graphs[name] = capture(fn, calls)
                     except Exception as exc:  # report a broken backend, keep measuring the rest
                         print(f"  {name} failed at K={k} N={n} M={m}: {type(exc).__name__}: {exc}"[:400], flush=True)
+                # The naive baseline is timed apart, after the rounds: it runs the GPU hardest of all
+                # (up to 3x cuBLAS's time per call), and whichever implementation followed it in a
+                # round read a few percent slow even after its own untimed replay.
+                naive = {name: graphs.pop(name) for name in SEPARATE if name in graphs}
                 row = time_interleaved(graphs, calls)
-                del graphs
+                row.update(time_interleaved(naive, calls) if naive else {})
+                del graphs, naive
                 base = row["cublas_bf16"]
                 for name, us in row.items():
                     results.append({
@@ -285,7 +297,8 @@ def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
         "method": "CUDA-graph replays of R calls over rotated weight copies (> 2x the 50 MB L2), R the same "
                   "for every implementation of a (shape, M); CUDA events; the implementations' replays take "
                   "turns, each timed replay after an untimed one of the same graph, median of 7 rounds after 2 "
-                  "warm-up rounds; x and out in bf16; ternop_a8 and "
+                  "warm-up rounds (dequant_bf16 timed the same way on its own after the rounds); x and out in "
+                  "bf16; ternop_a8 and "
                   "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
         "backends_below_floors": below_floors,
