@@ -23,9 +23,11 @@ Method (as a server runs: no per-call syncs):
 - ``dequant_bf16`` takes no turns: it is timed on its own after the rounds. With the untimed
   replay alone (38af09e) the dispatcher's row, right after it, still read 3-6% slower at
   M = 8192 than the same backend forced later in the round; taken out (31e3824), the
-  dispatcher's row, now right after ``cublas_bf16``, read 1-12% slower than the backend it runs.
-  So the order of the turns also rotates by one each round: each implementation follows a
-  different one in each round, and the median is over all of them.
+  dispatcher's row, now right after ``cublas_bf16``, read 1-12% slower than the backend it runs,
+  and still did when the order only rotated each round (d26b62c: a rotation keeps every
+  neighbour). ``probe_dispatch.py`` timed the op, that backend and its C++ op within 1% of each
+  other at M = 2048 and 8192. So each round now takes the implementations in its own shuffled
+  order (seeded by the round), and the median is over rounds with different neighbours.
 - Reported per (shape, M, implementation): microseconds per call, speed-up over cuBLAS
   bf16 at the same (shape, M), GB/s (the bytes the implementation must move: weights,
   x and out) and TFLOP/s (2*M*N*K).
@@ -52,6 +54,7 @@ import datetime
 import json
 import math
 import os
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -101,12 +104,13 @@ def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
 
 def time_interleaved(graphs: dict, calls: int, replays: int = 7, warmup: int = 2) -> dict:
     """name -> median microseconds per call; per round, each graph in turn is replayed twice and
-    the second replay timed. The order rotates by one each round, so that no implementation
-    always follows the same one."""
+    the second replay timed. Each round takes the graphs in its own order (a shuffle seeded by
+    the round's number), so that no implementation always follows the same one."""
     times = {name: [] for name in graphs}
-    names = list(graphs)
     for r in range(warmup + replays):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        order = list(graphs)
+        random.Random(r).shuffle(order)
+        for name in order:
             graph = graphs[name]
             graph.replay()  # untimed: this graph's own steady state for the timed replay
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -302,7 +306,7 @@ def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": "CUDA-graph replays of R calls over rotated weight copies (> 2x the 50 MB L2), R the same "
                   "for every implementation of a (shape, M); CUDA events; the implementations' replays take "
-                  "turns in an order that rotates by one each round, each timed replay after an untimed one of "
+                  "turns in an order shuffled anew each round, each timed replay after an untimed one of "
                   "the same graph, median of 7 rounds after 2 "
                   "warm-up rounds (dequant_bf16 timed the same way on its own after the rounds); x and out in "
                   "bf16; ternop_a8 and "
