@@ -21,7 +21,7 @@ Method (as a server runs: no per-call syncs):
   the dispatcher's row, which followed the slow ``dequant_bf16``, measured 1-14% slower at
   M <= 16 than the same kernel forced later in the round.)
 - ``dequant_bf16`` takes no turns: it is timed on its own after the rounds. With the untimed
-  replay alone (38af09e) the dispatcher's row, right after it, still read 3-6% slower at
+  replay alone (38af09e) the dispatcher's row, right after it, still read 2-6% slower at
   M = 8192 than the same backend forced later in the round; taken out (31e3824), the
   dispatcher's row, now right after ``cublas_bf16``, read 1-12% slower than the backend it runs,
   and still did when the order only rotated each round (d26b62c: a rotation keeps every
