@@ -4,9 +4,10 @@
 
 bench_linear (d26b62c) timed ``ternop.linear`` 8-14% slower at M = 8192 than ``cuda_dequant``
 called through its backend, the backend the registry picks for those calls, while at M = 2048
-the two agreed; the turn order rotated, so order does not explain it. This times the same call
-four ways, each as its own CUDA graph, taking turns as bench_linear does (rotating order, an
-untimed replay before each timed one):
+the two agreed; the turn order rotated, so order did not seem to explain it. This times the same
+call four ways, each as its own CUDA graph, taking turns through bench_linear's
+``time_interleaved`` (an untimed replay before each timed one; the committed result ran when
+that function rotated the order each round, since replaced by a shuffle per round):
 
 - ``op``: ``ternop.linear`` (the registry inside ``torch.ops.ternop.linear``);
 - ``op_again``: the same, captured last (a second graph of the same function);
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
                 results.append(row)
                 print(json.dumps(row), flush=True)
     report = {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "method": "graphs of R calls over rotated weight copies taking turns (order rotating each round, "
+              "method": "graphs of R calls over rotated weight copies taking turns (bench_linear.time_interleaved: "
                         "an untimed replay before each timed one, median of 9 rounds after 2); eager: CUDA "
                         "events around R calls, median of 5",
               "results": results}  # fmt: skip
