@@ -37,7 +37,7 @@ import ternop
 from ternop import layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_linear import DTYPE, SHAPES, _report, copies_for, make_weights, time_graph  # noqa: E402
+from bench_linear import DTYPE, SHAPES, _report, _shape_list, copies_for, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 SMALL_MS = [1, 4, 8, 12, 16]
@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_tiles.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {MS}; mma, mma_a8: {SMALL_MS}")
-    parser.add_argument("--shapes", default=None, help="only these K->N shapes, e.g. 4096x14336,1024x4096")
+    parser.add_argument("--shapes", type=_shape_list, default=None,
+                        help="only these K->N shapes, e.g. 4096x14336,1024x4096")
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -128,8 +129,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         ms = args.ms or (SMALL_MS if args.kernel.startswith("mma") and args.kernel != "mma_tiles" else MS)
-        shapes = {tuple(int(v) for v in item.split("x")) for item in args.shapes.split(",")} if args.shapes else None
-        report = run(ms, args.out, args.kernel, shapes)
+        report = run(ms, args.out, args.kernel, args.shapes)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
