@@ -1,7 +1,7 @@
 """Mixed precision around a distilled model: keep its most useful layers dense, within a size budget.
 
     python benchmarks/quality_mixed_distilled.py [--artifact FILE] [--size-budget 0.25]
-        [--work DIR] [--out benchmarks/results/cpu/mixed_distilled.json]
+        [--work DIR] [--out benchmarks/results/cpu/mixed_distilled.json] [--force]
 
 ``ternop quantize --keep-dense auto`` ranks layers of a model it rounds itself. This asks the same
 question of the demo's distilled model (``--artifact``, a ``ternop.quant.artifact`` file): the fp32
@@ -10,6 +10,8 @@ ternary codes are each layer's ternary form, and ``ternop.cli.mixed.choose`` kee
 gain per byte within ``--size-budget`` of the fp16 bytes (``--max-mrr-loss 0``: as many as fit and
 gain). The chosen checkpoint is written (dense layers from fp32, the rest the artifact's codes) and
 scored like every row of ``quality_minilm.py``, held-out split included, which the choice never saw.
+It writes three checkpoint folders under ``--work`` and the ``--out`` JSON, and replaces none of
+them that already exist unless given ``--force``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,13 @@ def main(argv=None) -> int:
     p.add_argument("--size-budget", type=float, default=0.25)
     p.add_argument("--work", type=Path, default=Path("work/mixed_distilled"))
     p.add_argument("--out", type=Path, default=HERE / "results" / "cpu" / "mixed_distilled.json")
+    p.add_argument("--force", action="store_true", help="replace the --work folders and --out if they exist")
     args = p.parse_args(argv)
+    src, dst, all_ternary = (args.work / name for name in ("dense_trained_norms", f"mixed_{args.size_budget}",
+                                                           "all_ternary"))  # fmt: skip
+    existing = [str(q) for q in (src, dst, all_ternary, args.out) if q.exists()]
+    if existing and not args.force:
+        p.error(f"{', '.join(existing)} already exist(s); pass --force to replace")
 
     from ternop.cli import evaldata, mixed
     from ternop.quant import artifact
@@ -73,7 +81,6 @@ def main(argv=None) -> int:
 
     tensors, qc = artifact.load(args.artifact)
     base = Path(minilm_dir())
-    src = args.work / "dense_trained_norms"
     replaced = dense_with_trained_norms(base, tensors, src)
     codes = {k[: -len(CODES[0])]: (tensors[k], tensors[k[: -len(CODES[0])] + CODES[1]])
              for k in tensors if k.endswith(CODES[0])}  # fmt: skip
@@ -86,17 +93,14 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     choice, prefixes = mixed.choose(str(src), quantizer, (), 0.0, progress=True, size_budget=args.size_budget)
-    dst = args.work / f"mixed_{args.size_budget}"
     quantize_checkpoint(str(src), str(dst), skip=list(prefixes), progress=False, quantizer=quantizer,
                         overwrite=True, activation_bits=qc.get("activation_bits", 16))  # fmt: skip
     seconds = time.time() - t0
     suite = evaldata.suite()
     fp32, ref = score(str(base), suite, None)
     rows = {"fp32": fp32}
-    for name, path in (("all ternary (the artifact)", None), ("dense, trained norms", src), ("mixed", dst)):
-        if path is None:
-            path = args.work / "all_ternary"
-            artifact.assemble(args.artifact, base, path, overwrite=True)
+    artifact.assemble(args.artifact, base, all_ternary, overwrite=True)
+    for name, path in (("all ternary (the artifact)", all_ternary), ("dense, trained norms", src), ("mixed", dst)):
         row, _ = score(str(path), suite, ref)
         rows[name] = {**row, **checkpoint_bytes(str(path))}
     report = {
