@@ -78,6 +78,32 @@ inline SmallMSplit small_m_split(int N, int K, int sms, int row_groups, int max_
   return {r, warps_k, log2};
 }
 
+// The cross-warp sum of the small-M kernels: the warps 1..warps-1 of each set of 16 rows park
+// their C fragments in `red` (warps - 1 slots per set), and warp 0 adds them in slot order, so
+// the sum is deterministic (no atomics). Every thread of the CTA calls it (it holds a
+// __syncthreads when warps > 1); it returns true in the one warp of the set that then holds
+// the set's sum and writes the outputs.
+template <int NT>
+__device__ __forceinline__ bool sum_set_warps(float (*red)[NT * 4][32], float (&acc)[NT][4], int set, int warp,
+                                              int warps, int lane) {
+  if (warps == 1) return true;
+  float(*const mine)[NT * 4][32] = red + set * (warps - 1);
+  if (warp > 0) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) mine[warp - 1][t * 4 + r][lane] = acc[t][r];
+  }
+  __syncthreads();
+  if (warp > 0) return false;
+  for (int w = 0; w < warps - 1; ++w)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[t][r] += mine[w][t * 4 + r][lane];
+  return true;
+}
+
 // launch(T{}) with T the element type of `dtype`: fp16, bf16, and fp32 when kWithFp32 (a
 // kernel without an fp32 instance is never instantiated for it).
 template <bool kWithFp32, typename Launch>

@@ -274,23 +274,8 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
     for (int t = 0; t < NT; ++t) px[t] += 128 * kDepthA8;
   }
 
-  if (warps > 1) {
-    // This set's warps - 1 slots (the set recomputed here rather than kept live through the loop).
-    float(*const mine)[NT * 4][32] = red + (threadIdx.x >> (5 + warps_log2)) * (warps - 1);
-    if (warp > 0) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) mine[warp - 1][t * 4 + r][lane] = acc[t][r];
-    }
-    __syncthreads();
-    if (warp > 0) return;
-    for (int w = 0; w < warps - 1; ++w)
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[t][r] += mine[w][t * 4 + r][lane];
-  }
+  // The set is recomputed here rather than kept live through the loop.
+  if (!sum_set_warps<NT>(red, acc, threadIdx.x >> (5 + warps_log2), warp, warps, lane)) return;
 
   // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
 #pragma unroll
