@@ -20,7 +20,9 @@ Workloads (random weights; speed does not depend on their values):
           weight memory of the loaded model. Every engine process is pinned to the same CPUs
           (--cpus), so that none runs on a better-placed core than another. Each figure is the
           median over the rounds, with min and max; ratios come from the medians, and the
-          per-round ratios give their spread.
+          per-round ratios give their spread. Around the single queries each engine also records
+          its calling thread's CPU time, page faults and context switches, and right after each
+          query host_probe.quick() (an empty call, a CUDA launch, two views of a CUDA tensor).
 - decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288):
           bf16, ternary (16-bit activations) and ternary with int8 activations.
           Greedy decode of 128 tokens at batch 1, 16 and 64; ms per step is
@@ -442,7 +444,7 @@ def worker_embed(args) -> None:
             assert len(outs) == cmd["n"]
             reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt})
         elif cmd["op"] == "latency":
-            from host_probe import CpuWindow
+            from host_probe import CpuWindow, quick
 
             times = []
             prompts = _queries(cmd)
@@ -456,7 +458,8 @@ def worker_embed(args) -> None:
                 times.append((time.perf_counter() - t0) * 1e3)
             report = window.report()
             torch.set_num_threads(threads)
-            reply({"ms": times, "cpu": report, "torch_threads": cmd.get("torch_threads") or threads})
+            # The host probe's small timings again, right after the query rather than after an idle second.
+            reply({"ms": times, "cpu": report, "torch_threads": cmd.get("torch_threads") or threads, "quick": quick()})
         elif cmd["op"] == "profile":
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
@@ -774,6 +777,7 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                 # queries on one engine, then on the other, would hand the drift to one of them.
                 q = 3 if args.tiny else LATENCY_QUERIES_PER_ROUND
                 cpu = {name: {"wall_s": 0.0, "caller_cpu_s": 0.0, "queries": q} for name in names}
+                hot = {name: [] for name in names}
                 for i in range(q):
                     for name in order:
                         r = workers[name].ask(op="latency", length=length, queries=1,
@@ -781,7 +785,12 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                         lat[name][length] += r["ms"]
                         for key in ("wall_s", "caller_cpu_s"):
                             cpu[name][key] += r["cpu"][key]
+                        for key, v in r["cpu"].get("caller_rusage", {}).items():
+                            cpu[name][key] = cpu[name].get(key, 0) + v
+                        hot[name].append(r["quick"])
                 for name in names:
+                    # Medians over the round's queries of host_probe.quick(), taken right after each.
+                    cpu[name]["quick_after_query"] = {k: statistics.median(h[k] for h in hot[name]) for k in hot[name][0]}
                     lat_cpu[name][length].append(cpu[name])
             for name in names:
                 res["models"][name]["throughput"] = {w: _spread(v) for w, v in runs[name].items()}
@@ -859,6 +868,15 @@ def _print_table(report: dict) -> None:
             if wall > 0:
                 print(f"{'embed queries: caller CPU per wall ' + who:44s} "
                       f"{sum(w['caller_cpu_s'] for w in windows) / wall:12.2f}")
+            queries = sum(w.get("queries", 0) for w in windows)
+            if queries and all("minflt" in w for w in windows):
+                for key in ("minflt", "nivcsw"):
+                    print(f"{'embed queries: ' + key + ' per query ' + who:44s} "
+                          f"{sum(w[key] for w in windows) / queries:12.1f}")
+            hot = [w["quick_after_query"] for w in windows if "quick_after_query" in w]
+            for key in ("python_call_ns", "views_us", "cuda_launch_us"):
+                if hot and key in hot[0]:
+                    print(f"{'embed after a query: ' + key + ' ' + who:44s} {statistics.median(h[key] for h in hot):12.2f}")
         if ratios.get("linear_weight_memory"):
             print(f"{'embed linear weight memory ' + name:44s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
     nan = float("nan")

@@ -21,12 +21,22 @@ What it reports:
 - ``hooks``: ``sys.gettrace()`` / ``sys.getprofile()`` set or not; ``gc``: tracked objects,
   frozen objects, whether the collector is on; ``cpus``: the affinity mask's size and
   ``torch.get_num_threads()``.
+- ``numa``: the machine's NUMA nodes, the nodes of the CPUs in the affinity mask, and this
+  process's resident pages on each node (``/proc/self/numa_maps``): a process whose heap sits
+  on another node than its CPUs pays for every cache miss, which tight loops do not show.
+
+The idle probes found the ternary process no slower while its queries were, so ``quick()``
+repeats the small timings (and times making and dropping two views of a CUDA tensor, what
+FlashAttention's KV-cache update does per layer) right after a query, and ``CpuWindow``
+counts the calling thread's page faults and context switches over the timed work.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -87,6 +97,7 @@ class CpuWindow:
         self._threads = {p.name: _ticks(p / "stat") for p in (self._proc / "self" / "task").iterdir()} if self.ok else {}
         self._pids = {p.name: _ticks(p / "stat") for p in self._proc.iterdir() if p.name.isdigit()} if self.ok else {}
         self._all = _busy_all() if self.ok else None
+        self._rusage = _thread_rusage()
         self._caller = time.thread_time()
         self._wall = time.perf_counter()
 
@@ -100,6 +111,9 @@ class CpuWindow:
 
     def report(self, top: int = 5) -> dict:
         out = {"wall_s": time.perf_counter() - self._wall, "caller_cpu_s": time.thread_time() - self._caller}
+        after = _thread_rusage()
+        if self._rusage and after:  # the calling thread's page faults and context switches over the window
+            out["caller_rusage"] = {k: after[k] - self._rusage[k] for k in after}
         if not self.ok:
             return {**out, "error": "no /proc on this system"}
         threads = self._busiest(self._threads, self._proc / "self" / "task", len(self._threads))
@@ -109,6 +123,96 @@ class CpuWindow:
         if self._all and all1 and all1[1] > self._all[1]:
             out["machine_busy_share"] = (all1[0] - self._all[0]) / (all1[1] - self._all[1])
         return out
+
+
+def _thread_rusage() -> dict | None:
+    """The calling thread's minor/major page faults, voluntary/involuntary context switches and
+    system CPU seconds (Linux ``RUSAGE_THREAD``), or None where that is not available."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return None
+    r = resource.getrusage(who)
+    return {"minflt": r.ru_minflt, "majflt": r.ru_majflt, "nvcsw": r.ru_nvcsw, "nivcsw": r.ru_nivcsw,
+            "sys_s": r.ru_stime}  # fmt: skip
+
+
+def _node_cpus() -> dict[int, set[int]]:
+    """NUMA node -> its CPUs, from sysfs (empty where sysfs has no nodes)."""
+    nodes = {}
+    for d in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
+        try:
+            text = (d / "cpulist").read_text().strip()
+        except OSError:
+            continue
+        cpus: set[int] = set()
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        nodes[int(d.name[4:])] = cpus
+    return nodes
+
+
+def numa() -> dict:
+    """The NUMA nodes, which of them hold the CPUs this process may run on, and its resident
+    pages per node (summed over ``/proc/self/numa_maps``)."""
+    nodes = _node_cpus()
+    mask = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    pages: dict[str, int] = {}
+    try:
+        for line in Path("/proc/self/numa_maps").read_text().splitlines():
+            for field in line.split()[2:]:
+                if field[:1] == "N" and "=" in field:
+                    node, _, count = field[1:].partition("=")
+                    if node.isdigit():
+                        pages[node] = pages.get(node, 0) + int(count)
+    except (OSError, ValueError):
+        pass
+    return {"nodes": len(nodes), "affinity_nodes": sorted(n for n, cpus in nodes.items() if cpus & mask),
+            "pages_by_node": pages}  # fmt: skip
+
+
+def quick() -> dict:
+    """About 10 ms of the probe's timings, taken right after a query instead of after an idle
+    second: an empty call, a CPU ``torch.empty``, and with a GPU a tiny launch and two views of
+    a CUDA tensor made and dropped (``transpose(1, 2).split(...)``, what FlashAttention's
+    KV-cache update makes per layer). Medians of per-call times, in us (ns for the call)."""
+    import torch
+
+    def nothing():
+        return None
+
+    def median_us(fn, calls: int) -> float:
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - t0)
+        return statistics.median(times) / 1e3
+
+    out = {"python_call_ns": _per_call(nothing, 5_000) * 1e9, "torch_empty_us": median_us(lambda: torch.empty(8), 300)}
+    if torch.cuda.is_available():
+        kv = _quick_tensor()
+        y = kv.view(-1)[:8]
+
+        def views():
+            key, value = kv.transpose(1, 2).split(64, dim=-1)
+            del key, value
+
+        out["views_us"] = median_us(views, 300)
+        out["cuda_launch_us"] = median_us(lambda: y.add_(1), 200)
+    return out
+
+
+_QUICK: list = []
+
+
+def _quick_tensor():
+    """One small CUDA tensor shaped like a KV-cache block table entry, made once per process."""
+    import torch
+
+    if not _QUICK:
+        _QUICK.append(torch.zeros(4, 2, 16, 8, 128, device="cuda", dtype=torch.bfloat16))
+    return _QUICK[0]
 
 
 def idle_window(seconds: float = 1.0, top: int = 5) -> dict:
@@ -142,6 +246,7 @@ def probe() -> dict:
                  "counts": list(gc.get_count())}  # fmt: skip
     res["cpus"] = {"affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
                    "os": os.cpu_count(), "torch_threads": torch.get_num_threads()}  # fmt: skip
+    res["numa"] = numa()
     res["idle_window"] = idle_window()
     return res
 
