@@ -410,6 +410,29 @@ def _kv_update_probe(run) -> dict:
     return {"calls": len(parts), "views_us": med[0], "drop_views_us": med[1], "method_us": med[2], "tensors": seen}
 
 
+def _load_ternop(shape: dict, dtype_name: str) -> None:
+    """Runs ternop.linear on this process's device for the embedder's four layer shapes at the
+    batch sizes the engine sees (1..16384 tokens): the CUDA extension, the Triton kernels and
+    the registry load as they do in a ternary engine, but the model served stays bf16."""
+    import torch
+
+    import ternop
+    from ternop import layouts
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, dtype_name)
+    h, inter, hd = shape["hidden"], shape["intermediate"], shape["head_dim"]
+    q, kv = shape["heads"] * hd, shape["kv_heads"] * hd
+    layout = layouts.preferred_layout(16, torch.device(device))
+    for k, n in ((h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)):
+        packed = layouts.repack(torch.zeros(n, k // 4, dtype=torch.uint8, device=device), layout)
+        scale = torch.ones(n, k // 128, dtype=torch.float16, device=device)
+        for m in (1, 16, 128, 512, 16384):
+            ternop.linear(torch.zeros(m, k, dtype=dtype, device=device), packed, scale, layout=layout)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def worker_embed(args) -> None:
     """Loads one embedding model, then serves commands from the driver, one JSON line each.
 
@@ -425,6 +448,8 @@ def worker_embed(args) -> None:
     llm = LLM(model=args.model, runner="pooling", convert="embed", dtype=args.dtype,
               max_model_len=1024, gpu_memory_utilization=0.3 if tiny else args.gpu_fraction, seed=0,
               **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
+    if os.environ.get("TERNOP_BENCH_LOAD_TERNOP") == "1":
+        _load_ternop(EMBED_SHAPE if not tiny else TINY_SHAPE, args.dtype)
     llm.embed(_prompts(8, 32, 0), use_tqdm=False)  # warm-up
     llm.embed(_prompts(64 if tiny else 2048, 128, 1), use_tqdm=False)  # warms the eager path (> 512 tokens) too
 
@@ -641,6 +666,10 @@ def main() -> None:
     parser.add_argument("--control", action="store_true",
                         help="embed: also run the bf16 model in a second engine (bf16_control), an A/A "
                              "comparison that shows what the method reports between two equal models")
+    parser.add_argument("--control-ternop", action="store_true",
+                        help="embed: also run the bf16 model in an engine whose process has first run ternop's "
+                             "CUDA kernels (bf16_ternop_loaded): whether loading ternop, not serving a ternary "
+                             "model, is what slows a process's host side")  # fmt: skip
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -732,6 +761,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     envs: dict[str, dict] = {}
     if args.control:  # the bf16 model in a second engine: what the method reports between equals
         folders["bf16_control"] = folders["bf16"]
+    if args.control_ternop:  # the bf16 model in a process that has loaded and run ternop's kernels
+        folders["bf16_ternop_loaded"] = folders["bf16"]
+        envs["bf16_ternop_loaded"] = {"TERNOP_BENCH_LOAD_TERNOP": "1"}
     if not args.no_a16:
         folders["ternary"] = write_model(work / "embed-ternary", shape, ternary=True, dtype_name=args.dtype)
     if not args.no_a8:
