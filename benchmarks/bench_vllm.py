@@ -376,28 +376,44 @@ def _kv_update_probe(run) -> dict:
     times more own time per call in the ternary engine than in bf16's, with the same calls
     inside it. The wrapper times, per call: making the cache views the method makes
     (transpose + split), dropping them, and the original method; and it records what the
-    tensors it receives are (inference tensors, views, grad) and the autograd modes."""
+    tensors it receives are (inference tensors, views, grad) and the autograd modes. The ternary
+    engine took one minor page fault per layer and query where bf16's took none (07a1f9e), so it
+    also counts the calling thread's page faults in each part."""
     import torch
 
     try:
         from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
     except Exception as exc:  # another backend (CPU), or another vLLM layout
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    from host_probe import _thread_rusage
+
     original = FlashAttentionImpl.do_kv_cache_update
     parts: list[tuple[int, int, int]] = []
+    faults = [0, 0, 0]  # minor page faults of the calling thread in each part, summed over the calls
     seen: dict = {}
+
+    def minflt() -> int:
+        r = _thread_rusage()
+        return r["minflt"] if r else 0
 
     def timed(self, layer, key, value, kv_cache, slot_mapping):
         if not seen:
             seen.update(key=_describe(key), kv_cache=_describe(kv_cache), slot_mapping=_describe(slot_mapping),
                         inference_mode=torch.is_inference_mode_enabled(), grad=torch.is_grad_enabled())  # fmt: skip
+        f0 = minflt()
         t0 = time.perf_counter_ns()
         views = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         t1 = time.perf_counter_ns()
+        f1 = minflt()
         del views
         t2 = time.perf_counter_ns()
+        f2 = minflt()
         original(self, layer, key, value, kv_cache, slot_mapping)
-        parts.append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+        t3 = time.perf_counter_ns()
+        f3 = minflt()
+        parts.append((t1 - t0, t2 - t1, t3 - t2))
+        for i, d in enumerate((f1 - f0, f2 - f1, f3 - f2)):
+            faults[i] += d
 
     FlashAttentionImpl.do_kv_cache_update = timed
     try:
@@ -407,7 +423,8 @@ def _kv_update_probe(run) -> dict:
     if not parts:
         return {"error": "FlashAttentionImpl.do_kv_cache_update was not called", "tensors": seen}
     med = [statistics.median(p[i] for p in parts) / 1e3 for i in range(3)]
-    return {"calls": len(parts), "views_us": med[0], "drop_views_us": med[1], "method_us": med[2], "tensors": seen}
+    return {"calls": len(parts), "views_us": med[0], "drop_views_us": med[1], "method_us": med[2], "tensors": seen,
+            "minflt": {"views": faults[0], "drop_views": faults[1], "method": faults[2]}}  # fmt: skip
 
 
 def _load_ternop(shape: dict, dtype_name: str) -> None:
