@@ -687,6 +687,9 @@ def main() -> None:
                         help="embed: also run the bf16 model in an engine whose process has first run ternop's "
                              "CUDA kernels (bf16_ternop_loaded): whether loading ternop, not serving a ternary "
                              "model, is what slows a process's host side")  # fmt: skip
+    parser.add_argument("--engine-env", action="append", default=[], metavar="NAME:KEY=VALUE",
+                        help="embed: set an environment variable in one engine's process (NAME: bf16, ternary, "
+                             "bf16_control, ...), e.g. ternary:MALLOC_TRIM_THRESHOLD_=1073741824; repeatable")  # fmt: skip
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -792,7 +795,15 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         if args.a8_unfused:  # the same model with the quantization inside ternop::linear
             folders[a8 + "_unfused"] = folders[a8]
             envs[a8 + "_unfused"] = {"TERNOP_FUSE_QUANT": "0"}
-    res = report["embed"] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
+    for item in args.engine_env:
+        name, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not (sep and eq and key):
+            raise SystemExit(f"--engine-env {item!r}: expected NAME:KEY=VALUE")
+        if name not in folders:
+            raise SystemExit(f"--engine-env {item!r}: no engine {name!r} in this run ({', '.join(folders)})")
+        envs.setdefault(name, {})[key] = value
+    res = report["embed"] = {"shape": shape, "engine_env": envs, "linear_bytes_by_shape": _file_linear_bytes(shape),
                              "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "pinned_cpus": args.cpus,
                              "latency_order": "one query at a time, alternating engines", "models": {}}  # fmt: skip
     workers = {}

@@ -167,8 +167,12 @@ def numa() -> dict:
                         pages[node] = pages.get(node, 0) + int(count)
     except (OSError, ValueError):
         pass
+    try:  # "always" lets a page fault in a large anonymous mapping zero a whole 2 MiB page
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        thp = None
     return {"nodes": len(nodes), "affinity_nodes": sorted(n for n, cpus in nodes.items() if cpus & mask),
-            "pages_by_node": pages}  # fmt: skip
+            "pages_by_node": pages, "transparent_hugepage": thp}  # fmt: skip
 
 
 def quick() -> dict:
