@@ -1,0 +1,96 @@
+"""Host time of one eager ``ternop.linear`` call against one dense bf16 ``F.linear`` call.
+
+    python benchmarks/probe_host_call.py [--out benchmarks/results/h200/probe_host_call.json]
+
+Above 512 tokens vLLM runs its compiled pieces without CUDA graphs, so every ternary linear
+goes through the dispatcher, ternop's Python entry (checks, the registry's cached choice) and
+the backend's C++ op on every step, where a bf16 linear is one cuBLAS call from Inductor's code.
+Embedding throughput in vLLM is partly host-bound, so this host time per call, times the 112
+linears of the Qwen3-0.6B-shaped embedder, bounds what the ternary op's own host work can cost
+per engine step (docs/VLLM_SPEED.md).
+
+Method: for each of the embedder's four layer shapes and M, ``calls`` back-to-back calls are
+issued and the host's wall time of the loop is taken before synchronizing; the GPU is idle at
+the start of each loop and ``calls`` stays far below the launch queue's depth, so the loop
+measures issue time, not kernel time (``gpu_us`` is the kernel time, from CUDA events, for
+comparison: where host time exceeds it, the host would be the bottleneck). Median of five loops.
+The weights are shared across calls (the host time does not depend on them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import ternop
+from ternop import layouts
+from ternop.format import pack_codes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stamp import git_commit  # noqa: E402
+
+SHAPES = [(1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024)]  # the embedder's qkv, o, gate_up, down
+MS = [16, 128, 2048, 16384]
+
+
+def host_and_gpu_us(fn, calls: int, repeats: int = 5) -> tuple[float, float]:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host.append((time.perf_counter() - t0) * 1e6 / calls)
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(host), statistics.median(gpu)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/probe_host_call.json"))
+    parser.add_argument("--calls", type=int, default=50)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("probe_host_call needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    with torch.inference_mode():
+        for k, n in SHAPES:
+            codes = torch.randint(0, 3, (n, k), generator=gen, dtype=torch.uint8)
+            packed_v1 = pack_codes(codes).to(dev)
+            packed = layouts.repack(packed_v1, "a16")
+            scale = torch.rand(n, k // 128, generator=gen).to(torch.float16).to(dev) + 0.5
+            dense = ternop.dequantize(packed_v1, scale, dtype=dtype)
+            for m in MS:
+                x = torch.randn(m, k, generator=gen).to(dtype).to(dev)
+                t_host, t_gpu = host_and_gpu_us(lambda: ternop.linear(x, packed, scale, layout="a16"), args.calls)
+                d_host, d_gpu = host_and_gpu_us(lambda: F.linear(x, dense), args.calls)
+                rows.append({"K": k, "N": n, "M": m, "ternop_host_us": t_host, "ternop_gpu_us": t_gpu,
+                             "bf16_host_us": d_host, "bf16_gpu_us": d_gpu})  # fmt: skip
+                print(f"{k:5d}->{n:5d} M={m:6d}  host us: ternop {t_host:6.1f}  bf16 {d_host:6.1f}   "
+                      f"gpu us: ternop {t_gpu:7.1f}  bf16 {d_gpu:7.1f}", flush=True)
+    report = {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "method": __doc__.split("Method: ", 1)[1].strip(), "calls": args.calls, "results": rows}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
