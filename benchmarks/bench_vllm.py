@@ -690,6 +690,9 @@ def main() -> None:
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME:KEY=VALUE",
                         help="embed: set an environment variable in one engine's process (NAME: bf16, ternary, "
                              "bf16_control, ...), e.g. ternary:MALLOC_TRIM_THRESHOLD_=1073741824; repeatable")  # fmt: skip
+    parser.add_argument("--keep-stack-chunks", action="store_true",
+                        help="embed: TERNOP_KEEP_STACK_CHUNKS=1 in every engine, so that the plugin keeps CPython's "
+                             "freed frame-stack chunks for reuse (ternop.vllm_plugin.stack_chunks)")  # fmt: skip
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -795,6 +798,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         if args.a8_unfused:  # the same model with the quantization inside ternop::linear
             folders[a8 + "_unfused"] = folders[a8]
             envs[a8 + "_unfused"] = {"TERNOP_FUSE_QUANT": "0"}
+    if args.keep_stack_chunks:
+        for name in folders:
+            envs.setdefault(name, {})["TERNOP_KEEP_STACK_CHUNKS"] = "1"
     for item in args.engine_env:
         name, sep, assignment = item.partition(":")
         key, eq, value = assignment.partition("=")

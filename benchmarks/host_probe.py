@@ -21,6 +21,8 @@ What it reports:
 - ``hooks``: ``sys.gettrace()`` / ``sys.getprofile()`` set or not; ``gc``: tracked objects,
   frozen objects, whether the collector is on; ``cpus``: the affinity mask's size and
   ``torch.get_num_threads()``.
+- ``stack_chunks``: how often the plugin's frame-stack chunk allocator handed a kept chunk out
+  again (``ternop.vllm_plugin.stack_chunks``), or None where it is not installed.
 - ``numa``: the machine's NUMA nodes, the nodes of the CPUs in the affinity mask, and this
   process's resident pages on each node (``/proc/self/numa_maps``): a process whose heap sits
   on another node than its CPUs pays for every cache miss, which tight loops do not show.
@@ -250,6 +252,8 @@ def probe() -> dict:
                  "counts": list(gc.get_count())}  # fmt: skip
     res["cpus"] = {"affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
                    "os": os.cpu_count(), "torch_threads": torch.get_num_threads()}  # fmt: skip
+    chunks = sys.modules.get("ternop.vllm_plugin.stack_chunks")  # installed by the plugin, or not
+    res["stack_chunks"] = chunks.stats() if chunks is not None else None
     res["numa"] = numa()
     res["idle_window"] = idle_window()
     return res

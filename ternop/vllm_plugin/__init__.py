@@ -8,6 +8,8 @@ it imports the config module and registers the class once, and names the models 
 
 from __future__ import annotations
 
+import warnings
+
 _registered = False
 
 MODELS = {
@@ -19,11 +21,24 @@ MODELS = {
 
 
 def register() -> None:
-    """Registers ``quant_method: "ternary"`` and :data:`MODELS` with vLLM. Safe to call any number of times."""
+    """Registers ``quant_method: "ternary"`` and :data:`MODELS` with vLLM. Safe to call any number of times.
+
+    With ``TERNOP_KEEP_STACK_CHUNKS=1`` it also keeps CPython's freed frame-stack chunks for
+    reuse in this process (:mod:`ternop.vllm_plugin.stack_chunks`); a failure to build that
+    allocator is reported as a warning and changes nothing else.
+    """
     global _registered
     if _registered:
         return
     from vllm import ModelRegistry
+
+    from ternop.vllm_plugin import stack_chunks
+
+    if stack_chunks.enabled_by_env():
+        try:
+            stack_chunks.keep_stack_chunks()
+        except RuntimeError as exc:
+            warnings.warn(f"{stack_chunks.ENV_ENABLE}=1 was set but the allocator is not installed: {exc}", stacklevel=2)
 
     from ternop.vllm_plugin import _compat
     from ternop.vllm_plugin.config import TernaryConfig
