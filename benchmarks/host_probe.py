@@ -213,7 +213,7 @@ _QUICK: list = []
 
 
 def _quick_tensor():
-    """One small CUDA tensor shaped like a KV-cache block table entry, made once per process."""
+    """One small CUDA tensor laid out like a KV cache (blocks, K/V, tokens, heads, head size), made once per process."""
     import torch
 
     if not _QUICK:

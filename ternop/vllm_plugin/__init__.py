@@ -37,7 +37,7 @@ def register() -> None:
     if stack_chunks.enabled_by_env():
         try:
             stack_chunks.keep_stack_chunks()
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:  # no compiler, or a library that does not load
             warnings.warn(f"{stack_chunks.ENV_ENABLE}=1 was set but the allocator is not installed: {exc}", stacklevel=2)
 
     from ternop.vllm_plugin import _compat

@@ -139,7 +139,7 @@ def _build() -> Path:
 def keep_stack_chunks() -> bool:
     """Installs the allocator in this process. True if it was installed now, False if it
     already was or does not apply (:func:`applies`). Raises RuntimeError, naming the command,
-    if the allocator cannot be compiled."""
+    if the allocator cannot be compiled, and OSError if the compiled library does not load."""
     global _lib
     ok, _ = applies()
     if not ok:
