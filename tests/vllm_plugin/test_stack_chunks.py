@@ -7,6 +7,7 @@ design) never reaches the test session, and the stack depths are those of a smal
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -57,7 +58,7 @@ _SCAN = textwrap.dedent(
 
 
 def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), stack_chunks.ENV_CACHE: str(tmp_path / "cache")}
+    env = dict(os.environ, **{stack_chunks.ENV_CACHE: str(tmp_path / "cache")})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
