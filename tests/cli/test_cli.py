@@ -89,8 +89,11 @@ def test_quantize_output_folder_has_mkdir_permissions(bert_dir, tmp_path):
     assert (tmp_path / "q").stat().st_mode & 0o777 == 0o755
 
 
+# The child restores Python's Ctrl-C handler: a shell that starts a job in the background
+# (CI scripts often do) hands it SIGINT ignored, and Python then keeps ignoring it.
 _SLOW_QUANTIZE = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ternop.quant import convert
 from ternop.quantize import quantize_weight
 
