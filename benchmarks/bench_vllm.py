@@ -687,6 +687,10 @@ def main() -> None:
                         help="embed: also run the bf16 model in an engine whose process has first run ternop's "
                              "CUDA kernels (bf16_ternop_loaded): whether loading ternop, not serving a ternary "
                              "model, is what slows a process's host side")  # fmt: skip
+    parser.add_argument("--twin", action="append", default=[], metavar="BASE:NAME",
+                        help="embed: also run model BASE (bf16, ternary, ...) in a second engine called NAME, "
+                             "e.g. ternary:ternary_keep with --engine-env ternary_keep:TERNOP_KEEP_STACK_CHUNKS=1 "
+                             "compares one setting on the same model in one run; repeatable")  # fmt: skip
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME:KEY=VALUE",
                         help="embed: set an environment variable in one engine's process (NAME: bf16, ternary, "
                              "bf16_control, ...), e.g. ternary:MALLOC_TRIM_THRESHOLD_=1073741824; repeatable")  # fmt: skip
@@ -798,6 +802,15 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         if args.a8_unfused:  # the same model with the quantization inside ternop::linear
             folders[a8 + "_unfused"] = folders[a8]
             envs[a8 + "_unfused"] = {"TERNOP_FUSE_QUANT": "0"}
+    for item in args.twin:
+        base, sep, name = item.partition(":")
+        if not (sep and name) or name in folders:
+            raise SystemExit(f"--twin {item!r}: expected BASE:NAME with a new NAME")
+        if base not in folders:
+            raise SystemExit(f"--twin {item!r}: no engine {base!r} in this run ({', '.join(folders)})")
+        folders[name] = folders[base]
+        if base in envs:
+            envs[name] = dict(envs[base])
     if args.keep_stack_chunks:
         for name in folders:
             envs.setdefault(name, {})["TERNOP_KEEP_STACK_CHUNKS"] = "1"
