@@ -454,6 +454,15 @@ def _load_ternop(shape: dict, dtype_name: str) -> None:
         torch.cuda.synchronize()
 
 
+def _allocator_counts(torch) -> dict:
+    """The CUDA caching allocator's counters that mean a trip to the driver or a retry."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    keys = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams", "num_ooms")
+    return {k: stats.get(k, 0) for k in keys}
+
+
 def worker_embed(args) -> None:
     """Loads one embedding model, then serves commands from the driver, one JSON line each.
 
@@ -483,12 +492,21 @@ def worker_embed(args) -> None:
         if cmd["op"] == "quit":
             break
         if cmd["op"] == "embed":
+            from host_probe import CpuWindow
+
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
+            alloc0 = _allocator_counts(torch)
+            window = CpuWindow()
             t0 = time.perf_counter()
             outs = llm.embed(prompts, use_tqdm=False)
             dt = time.perf_counter() - t0
+            cpu = window.report(top=3)
             assert len(outs) == cmd["n"]
-            reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt})
+            # Whether the batch's host side kept up (the calling thread's CPU time against the
+            # wall) and whether the caching allocator went to the driver or had to free and retry
+            # (each is a device-wide synchronisation): a throughput gap with equal kernels sits there.
+            alloc = {k: v - alloc0[k] for k, v in _allocator_counts(torch).items()}
+            reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt, "cpu": cpu, "allocator": alloc})
         elif cmd["op"] == "latency":
             from host_probe import CpuWindow, quick
 
@@ -641,6 +659,17 @@ def _file_linear_bytes(shape: dict, dtype_bytes: int = 2) -> dict:
     }
 
 
+def _workload_list(text: str) -> list[tuple[int, int]]:
+    """"8192x128,2048x512" -> [(8192, 128), (2048, 512)]."""
+    out = []
+    for item in text.split(","):
+        n, sep, length = item.strip().partition("x")
+        if not (sep and n.isdigit() and length.isdigit() and int(n) > 0 and int(length) > 0):
+            raise argparse.ArgumentTypeError(f"{item!r}: expected PROMPTSxTOKENS, e.g. 8192x128")
+        out.append((int(n), int(length)))
+    return out
+
+
 def _cpu_list(text: str) -> list[int] | None:
     """'0-3,8' -> [0, 1, 2, 3, 8]; 'all' -> None (no pinning)."""
     if text == "all":
@@ -673,6 +702,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes for a CPU smoke run")
     parser.add_argument("--worker-timeout", type=int, default=420)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the embedding workloads")
+    parser.add_argument("--embed-workloads", type=_workload_list, default=EMBED_WORKLOADS, metavar="NxL,...",
+                        help="embed throughput workloads, prompts x tokens (default: "
+                             + ",".join(f"{n}x{length}" for n, length in EMBED_WORKLOADS) + ")")  # fmt: skip
     parser.add_argument("--decode-runs", type=int, default=3, help="timed runs per batch of the decode workloads")
     parser.add_argument("--no-a8", action="store_true",
                         help="leave out the int8-activation ternary model (embed, decode)")
@@ -827,7 +859,7 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             raise SystemExit(f"--engine-env {item!r}: no engine {name!r} in this run ({', '.join(folders)})")
         envs.setdefault(name, {})[key] = value
     res = report["embed"] = {"shape": shape, "engine_env": envs, "linear_bytes_by_shape": _file_linear_bytes(shape),
-                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "pinned_cpus": args.cpus,
+                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "workloads": args.embed_workloads, "pinned_cpus": args.cpus,
                              "latency_order": "one query at a time, alternating engines", "models": {}}  # fmt: skip
     workers = {}
     try:
@@ -844,16 +876,22 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             res["models"][name]["host_probe"] = {"start": workers[name].ask(op="probe")["probe"]}
         _save(report, args.out)
         runs = {name: {} for name in names}
+        host = {name: {} for name in names}  # per workload and round: the batch's host CPU share and allocator trips
         lat = {name: {length: [] for length in LATENCY_LENGTHS} for name in names}
         lat_cpu = {name: {length: [] for length in LATENCY_LENGTHS} for name in names}
         for rep in range(args.repeats):
             order = names[rep % len(names):] + names[: rep % len(names)]
-            for n, length in EMBED_WORKLOADS:
+            for n, length in args.embed_workloads:
                 if args.tiny:
                     n = max(4, n // 512)
                 for name in order:
                     r = workers[name].ask(op="embed", n=n, length=length, seed=1000 * rep + length)
                     runs[name].setdefault(f"{n}x{length}", []).append(r["tokens_per_s"])
+                    cpu = r.get("cpu", {})
+                    host[name].setdefault(f"{n}x{length}", []).append({
+                        "caller_cpu_per_wall": cpu.get("caller_cpu_s", 0) / max(cpu.get("wall_s", 0), 1e-9),
+                        "minflt": cpu.get("caller_rusage", {}).get("minflt"),
+                        "allocator": r.get("allocator", {})})  # fmt: skip
             for length in LATENCY_LENGTHS:
                 # One query at a time, alternating between the engines: the host's speed drifts
                 # (an empty Python call took 27-62 ns in one process over one run), and a batch of
@@ -877,6 +915,7 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                     lat_cpu[name][length].append(cpu[name])
             for name in names:
                 res["models"][name]["throughput"] = {w: _spread(v) for w, v in runs[name].items()}
+                res["models"][name]["throughput_host"] = host[name]
                 res["models"][name]["latency"] = {
                     f"{length}_tokens": {"p50_ms": statistics.median(v), "p90_ms": sorted(v)[int(0.9 * (len(v) - 1))],
                                          "queries": len(v)}  # fmt: skip
@@ -934,6 +973,7 @@ def _save(report: dict, path: str) -> None:
 
 def _print_table(report: dict) -> None:
     print(f"\n{'metric':44s} {'bf16':>12s} {'model':>12s} {'ratio':>8s}")
+    nan = float("nan")
     emb = report.get("embed", {})
     models = emb.get("models", {})
     for name, ratios in emb.get("ratios", {}).items():
@@ -960,9 +1000,17 @@ def _print_table(report: dict) -> None:
             for key in ("python_call_ns", "views_us", "cuda_launch_us"):
                 if hot and key in hot[0]:
                     print(f"{'embed after a query: ' + key + ' ' + who:44s} {statistics.median(h[key] for h in hot):12.2f}")
+        for w in models["bf16"].get("throughput_host", {}):  # did the batches' host side keep up, and go to the driver?
+            for who in ("bf16", name):
+                rows = models[who].get("throughput_host", {}).get(w, [])
+                if rows:
+                    trips = sum(sum(r["allocator"].values()) for r in rows)
+                    faults = [r["minflt"] for r in rows if r["minflt"] is not None]
+                    print(f"{'embed ' + w + ': caller CPU per wall ' + who:44s} "
+                          f"{statistics.median(r['caller_cpu_per_wall'] for r in rows):12.2f}"
+                          f"   allocator trips {trips}, minflt/batch {statistics.median(faults) if faults else nan:.0f}")
         if ratios.get("linear_weight_memory"):
             print(f"{'embed linear weight memory ' + name:44s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
-    nan = float("nan")
     for workload in [w for w in report.get("workloads", []) if w != "embed"]:
         part = report.get(workload, {})
         for name, ratios in part.get("ratios", {}).items():
