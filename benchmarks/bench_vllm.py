@@ -730,9 +730,9 @@ def main() -> None:
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME:KEY=VALUE",
                         help="embed: set an environment variable in one engine's process (NAME: bf16, ternary, "
                              "bf16_control, ...), e.g. ternary:MALLOC_TRIM_THRESHOLD_=1073741824; repeatable")  # fmt: skip
-    parser.add_argument("--keep-stack-chunks", action="store_true",
-                        help="embed: TERNOP_KEEP_STACK_CHUNKS=1 in every engine, so that the plugin keeps CPython's "
-                             "freed frame-stack chunks for reuse (ternop.vllm_plugin.stack_chunks)")  # fmt: skip
+    parser.add_argument("--no-keep-stack-chunks", action="store_true",
+                        help="embed: TERNOP_KEEP_STACK_CHUNKS=0 in every engine, so that the plugin leaves CPython's "
+                             "frame-stack chunks alone (ternop.vllm_plugin.stack_chunks; on by default)")  # fmt: skip
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
@@ -847,9 +847,9 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         folders[name] = folders[base]
         if base in envs:
             envs[name] = dict(envs[base])
-    if args.keep_stack_chunks:
+    if args.no_keep_stack_chunks:
         for name in folders:
-            envs.setdefault(name, {})["TERNOP_KEEP_STACK_CHUNKS"] = "1"
+            envs.setdefault(name, {})["TERNOP_KEEP_STACK_CHUNKS"] = "0"
     for item in args.engine_env:
         name, sep, assignment = item.partition(":")
         key, eq, value = assignment.partition("=")

@@ -23,9 +23,9 @@ MODELS = {
 def register() -> None:
     """Registers ``quant_method: "ternary"`` and :data:`MODELS` with vLLM. Safe to call any number of times.
 
-    With ``TERNOP_KEEP_STACK_CHUNKS=1`` it also keeps CPython's freed frame-stack chunks for
-    reuse in this process (:mod:`ternop.vllm_plugin.stack_chunks`); a failure to build that
-    allocator is reported as a warning and changes nothing else.
+    It also keeps CPython's freed frame-stack chunks for reuse in this process
+    (:mod:`ternop.vllm_plugin.stack_chunks`; ``TERNOP_KEEP_STACK_CHUNKS=0`` turns that off); a
+    failure to build that allocator is reported as a warning and changes nothing else.
     """
     global _registered
     if _registered:
@@ -38,7 +38,8 @@ def register() -> None:
         try:
             stack_chunks.keep_stack_chunks()
         except (RuntimeError, OSError) as exc:  # no compiler, or a library that does not load
-            warnings.warn(f"{stack_chunks.ENV_ENABLE}=1 was set but the allocator is not installed: {exc}", stacklevel=2)
+            warnings.warn(f"ternop: the frame-stack chunk allocator is not installed ({exc}); vLLM runs without "
+                          f"it, possibly slower on the host. {stack_chunks.ENV_ENABLE}=0 skips it.", stacklevel=2)  # fmt: skip
 
     from ternop.vllm_plugin import _compat
     from ternop.vllm_plugin.config import TernaryConfig

@@ -87,9 +87,11 @@ def test_a_compiler_that_cannot_run_is_named_in_the_error(tmp_path, monkeypatch)
 
 
 def test_env_switch_and_applies(monkeypatch):
-    for value, expected in (("1", True), ("yes", True), ("0", False), ("", False)):
+    for value, expected in (("1", True), ("yes", True), ("", True), ("0", False), ("off", False)):
         monkeypatch.setenv(stack_chunks.ENV_ENABLE, value)
         assert stack_chunks.enabled_by_env() is expected
+    monkeypatch.delenv(stack_chunks.ENV_ENABLE)
+    assert stack_chunks.enabled_by_env() is True  # on unless switched off
     ok, why = stack_chunks.applies()
     assert ok == (sys.version_info >= (3, 11) and sys.implementation.name == "cpython"
                   and not stack_chunks.sysconfig.get_config_var("Py_GIL_DISABLED")), why  # fmt: skip
