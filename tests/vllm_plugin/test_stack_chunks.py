@@ -95,3 +95,33 @@ def test_env_switch_and_applies(monkeypatch):
     ok, why = stack_chunks.applies()
     assert ok == (sys.version_info >= (3, 11) and sys.implementation.name == "cpython"
                   and not stack_chunks.sysconfig.get_config_var("Py_GIL_DISABLED")), why  # fmt: skip
+
+
+_REGISTER = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    from ternop.vllm_plugin import register, stack_chunks
+    register()
+    print(json.dumps({{"stats": stack_chunks.stats()}}))
+    """
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not stack_chunks.applies()[0], reason=stack_chunks.applies()[1] or "applies")
+@pytest.mark.parametrize("value", [None, "0"])
+def test_plugin_registration_installs_the_allocator_unless_switched_off(tmp_path, value):
+    pytest.importorskip("vllm")
+    env = {k: v for k, v in os.environ.items() if k != stack_chunks.ENV_ENABLE}
+    env[stack_chunks.ENV_CACHE] = str(tmp_path / "cache")
+    if value is not None:
+        env[stack_chunks.ENV_ENABLE] = value
+    done = subprocess.run([sys.executable, "-c", _REGISTER.format(repo=str(REPO))], capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads(done.stdout.strip().splitlines()[-1])["stats"]
+    if value is None:  # on by default
+        assert stats is not None, "register() did not install the allocator"
+    else:
+        assert stats is None, stats
