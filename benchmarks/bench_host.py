@@ -4,8 +4,9 @@
 
 vLLM runs batches above its largest CUDA-graph size eagerly, so every ternary linear pays the
 op's Python path (checks, dispatcher, backend choice) on the host. This measures that path on
-the CPU with a backend that returns at once, beside ``F.linear`` on a tiny tensor (PyTorch's
-own floor for one op call). On a GPU machine, add the launch of the chosen kernel
+the CPU, under inference mode as vLLM runs it, with a backend that only allocates its output,
+beside ``F.linear`` on a tiny tensor (PyTorch's own floor for one op call) and ternop's Python
+entry called directly (the difference is the dispatcher's hop into Python). On a GPU machine, add the launch of the chosen kernel
 (``benchmarks/sweep_fused.py`` reports ``host_us_per_call`` for whole calls there).
 """
 
@@ -21,8 +22,11 @@ from pathlib import Path
 import torch
 
 import ternop
-from ternop import backends
+from ternop import backends, ops
 from ternop.meta import check_linear_inputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stamp import git_commit  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 3000, repeats: int = 5) -> float:
@@ -41,25 +45,34 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    x = torch.randn(4, 1024)
-    w = torch.zeros(1024, 256, dtype=torch.uint8)
-    s = torch.ones(1024, 8, dtype=torch.float16)
     real = backends.get("cpu")
-    backends.register(backends.Backend("cpu", "cpu", 100, real.can_implement, lambda call: call.x))
+    # A backend that only allocates its [M, N] output, as every real one does.
+    backends.register(backends.Backend("cpu", "cpu", 100, real.can_implement,
+                                       lambda call: call.x.new_empty((call.m, call.n))))  # fmt: skip
     try:
-        res = {
-            "F.linear (tiny)": per_call_us(lambda: torch.nn.functional.linear(x[:1, :8], x[:2, :8])),
-            "torch.ops.ternop.linear, no-op backend": per_call_us(lambda: torch.ops.ternop.linear(x, w, s)),
-            "... activation_bits=8, layout a8": per_call_us(lambda: torch.ops.ternop.linear(x, w, s, None, 8, "a8")),
-            "check_linear_inputs (the message path)": per_call_us(lambda: check_linear_inputs(x, w, s, None)),
-        }
+        # vLLM runs its model under inference mode, on tensors made there.
+        with torch.inference_mode():
+            x = torch.randn(4, 1024)
+            x3 = x.view(2, 2, 1024)
+            w = torch.zeros(1024, 256, dtype=torch.uint8)
+            s = torch.ones(1024, 8, dtype=torch.float16)
+            op = torch.ops.ternop.linear.default
+            res = {
+                "F.linear (tiny)": per_call_us(lambda: torch.nn.functional.linear(x[:1, :8], x[:2, :8])),
+                "torch.ops.ternop.linear, 2-D x": per_call_us(lambda: op(x, w, s)),
+                "... 3-D x": per_call_us(lambda: op(x3, w, s)),
+                "... activation_bits=8, layout a8": per_call_us(lambda: op(x, w, s, None, 8, "a8")),
+                "ternop's Python entry alone (no dispatcher hop)": per_call_us(lambda: ops._linear_impl(x, w, s)),
+                "check_linear_inputs (the message path)": per_call_us(lambda: check_linear_inputs(x, w, s, None)),
+            }
     finally:
         backends.register(real)
     for name, us in res.items():
-        print(f"{name:45s} {us:7.2f} us")
+        print(f"{name:50s} {us:7.2f} us")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"torch": torch.__version__, "us_per_call": res}, indent=1) + "\n")
+        report = {"commit": git_commit(), "torch": torch.__version__, "us_per_call": res}
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -77,8 +77,9 @@ class LinearCall(NamedTuple):
     def key(self) -> tuple:
         """Everything a backend's answer may depend on."""
         x, w = self.x, self.weight_packed
+        m, k = x.shape
         return (
-            x.device, x.dtype, x.shape[0], w.shape[0], x.shape[1], x.stride(0),
+            x.device, x.dtype, m, w.shape[0], k, x.stride(0),
             x.data_ptr() % 16, w.data_ptr() % 16, self.bias is None, self.activation_bits, self.layout,
             self.weight_scale.shape[1] == 1,  # a scale per row
             self.out_dtype,

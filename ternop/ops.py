@@ -64,7 +64,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] viewed as [M, K]. Kernels take any row stride, but K must be the unit-stride
     dimension and rows may not overlap: only then is x copied."""
     k = x.shape[-1]
-    x2 = x.reshape(-1, k)
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)  # a 2-D x is already its own [M, K] view
     if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < k):
         x2 = x2.contiguous()
     return x2
@@ -72,7 +72,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def _run(call: backends.LinearCall, lead: torch.Size, n: int) -> torch.Tensor:
     """Runs ``call`` on the backend the registry picks; the [M, N] result viewed as [*lead, N]."""
-    if call.x.device.type == "cuda":
+    if not _cuda_loaded and call.x.is_cuda:
         _load_cuda_backends()
     out = backends.select(call).run(call)
     return out if len(lead) == 1 else out.view(*lead, n)
