@@ -14,7 +14,11 @@ issued and the host's wall time of the loop is taken before synchronizing; the G
 the start of each loop and ``calls`` stays far below the launch queue's depth, so the loop
 measures issue time, not kernel time (``gpu_us`` is the kernel time, from CUDA events, for
 comparison: where host time exceeds it, the host would be the bottleneck). Median of five loops.
-The weights are shared across calls (the host time does not depend on them).
+The weights are shared across calls (the host time does not depend on them). Each call is also
+timed in pieces: ``entry_host_us`` calls ternop's Python entry directly (without the
+dispatcher's hop into Python), ``backend_host_us`` the chosen backend's ``run`` alone. So the
+hop is ``ternop - entry``, the entry's own Python ``entry - backend``, and ``backend - bf16``
+what the backend's launches cost beyond one cuBLAS call.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import ternop
-from ternop import layouts
+from ternop import backends, layouts
+from ternop import ops as ternop_ops
 from ternop.format import pack_codes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,6 +67,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/probe_host_call.json"))
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--ms", type=int, nargs="+", default=MS, help="token counts (default: %(default)s)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_host_call needs a CUDA GPU", file=sys.stderr)
@@ -76,16 +82,25 @@ def main(argv=None) -> int:
             packed = layouts.repack(packed_v1, "a16")
             scale = torch.rand(n, k // 128, generator=gen).to(torch.float16).to(dev) + 0.5
             dense = ternop.dequantize(packed_v1, scale, dtype=dtype)
-            for m in MS:
+            for m in args.ms:
                 x = torch.randn(m, k, generator=gen).to(dtype).to(dev)
                 t_host, t_gpu = host_and_gpu_us(lambda: ternop.linear(x, packed, scale, layout="a16"), args.calls)
                 d_host, d_gpu = host_and_gpu_us(lambda: F.linear(x, dense), args.calls)
+                # The same call in pieces: ternop's Python entry without the dispatcher's hop into
+                # it, and the chosen backend alone (for the C++ backends, its C++ op and launches).
+                impl_host, _ = host_and_gpu_us(lambda: ternop_ops._linear_impl(x, packed, scale, None, 16, "a16"),
+                                               args.calls)  # fmt: skip
+                call = backends.LinearCall(x, packed, scale, None, 16, "a16")
+                backend = backends.select(call)
+                b_host, _ = host_and_gpu_us(lambda: backend.run(call), args.calls)
                 rows.append({"K": k, "N": n, "M": m, "ternop_host_us": t_host, "ternop_gpu_us": t_gpu,
-                             "bf16_host_us": d_host, "bf16_gpu_us": d_gpu})  # fmt: skip
-                print(f"{k:5d}->{n:5d} M={m:6d}  host us: ternop {t_host:6.1f}  bf16 {d_host:6.1f}   "
+                             "bf16_host_us": d_host, "bf16_gpu_us": d_gpu, "backend": backend.name,
+                             "entry_host_us": impl_host, "backend_host_us": b_host})  # fmt: skip
+                print(f"{k:5d}->{n:5d} M={m:6d}  host us: ternop {t_host:6.1f} (entry {impl_host:6.1f}, "
+                      f"{backend.name} {b_host:6.1f})  bf16 {d_host:6.1f}   "
                       f"gpu us: ternop {t_gpu:7.1f}  bf16 {d_gpu:7.1f}", flush=True)
     report = {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "method": __doc__.split("Method: ", 1)[1].strip(), "calls": args.calls, "results": rows}  # fmt: skip
+              "method": __doc__.split("Method: ", 1)[1].strip(), "calls": args.calls, "ms": args.ms, "results": rows}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
