@@ -6,8 +6,9 @@ vLLM runs batches above its largest CUDA-graph size eagerly, so every ternary li
 op's Python path (checks, dispatcher, backend choice) on the host. This measures that path on
 the CPU, under inference mode as vLLM runs it, with a backend that only allocates its output,
 beside ``F.linear`` on a tiny tensor (PyTorch's own floor for one op call) and ternop's Python
-entry called directly (the difference is the dispatcher's hop into Python). On a GPU machine, add the launch of the chosen kernel
-(``benchmarks/sweep_fused.py`` reports ``host_us_per_call`` for whole calls there).
+entry called directly (the difference is the dispatcher's hop into Python). On a GPU machine,
+add the launch of the chosen kernel (``benchmarks/probe_host_call.py`` times whole eager calls
+there, and the same pieces).
 """
 
 from __future__ import annotations

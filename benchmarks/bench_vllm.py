@@ -859,7 +859,8 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
             raise SystemExit(f"--engine-env {item!r}: no engine {name!r} in this run ({', '.join(folders)})")
         envs.setdefault(name, {})[key] = value
     res = report["embed"] = {"shape": shape, "engine_env": envs, "linear_bytes_by_shape": _file_linear_bytes(shape),
-                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats, "workloads": args.embed_workloads, "pinned_cpus": args.cpus,
+                             "prepare_s": time.perf_counter() - t0, "repeats": args.repeats,
+                             "workloads": args.embed_workloads, "pinned_cpus": args.cpus,
                              "latency_order": "one query at a time, alternating engines", "models": {}}  # fmt: skip
     workers = {}
     try:

@@ -57,8 +57,13 @@ _SCAN = textwrap.dedent(
 )
 
 
-def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **{stack_chunks.ENV_CACHE: str(tmp_path / "cache")})
+def _run(code: str, tmp_path: Path, enable: str | None = None) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter, its allocator cached under tmp_path, with
+    TERNOP_KEEP_STACK_CHUNKS set to ``enable`` (unset for None)."""
+    env = {k: v for k, v in os.environ.items() if k != stack_chunks.ENV_ENABLE}
+    env[stack_chunks.ENV_CACHE] = str(tmp_path / "cache")
+    if enable is not None:
+        env[stack_chunks.ENV_ENABLE] = enable
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -113,12 +118,7 @@ _REGISTER = textwrap.dedent(
 @pytest.mark.parametrize("value", [None, "0"])
 def test_plugin_registration_installs_the_allocator_unless_switched_off(tmp_path, value):
     pytest.importorskip("vllm")
-    env = {k: v for k, v in os.environ.items() if k != stack_chunks.ENV_ENABLE}
-    env[stack_chunks.ENV_CACHE] = str(tmp_path / "cache")
-    if value is not None:
-        env[stack_chunks.ENV_ENABLE] = value
-    done = subprocess.run([sys.executable, "-c", _REGISTER.format(repo=str(REPO))], capture_output=True, text=True,
-                          timeout=300, env=env)  # fmt: skip
+    done = _run(_REGISTER.format(repo=str(REPO)), tmp_path, enable=value)
     assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads(done.stdout.strip().splitlines()[-1])["stats"]
     if value is None:  # on by default
