@@ -103,13 +103,14 @@ _BIG = 1 << 62
 #   1.21x -> 1.44x on 1024 -> 4096, 2.83x -> 3.52x on 2048 -> 1024); slower on the wider 8B
 #   shapes, where N / 16 CTAs each re-read x.
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
-# - cuda_mma_tiles (a16 layout) from M = 17 to 64: benchmarks/sweep_tiles.py at 9d4cebf
+# - cuda_mma_tiles (a16 layout) from M = 17 to 64 on the layers cuda_wgmma leaves (N * K < 2^24,
+#   the N = 1024 layers of the 0.6B model among them): benchmarks/sweep_tiles.py at 9d4cebf
 #   (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
 #   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
 #   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
-# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 65 where the layer is large enough
-#   (wgmma_declines below): benchmarks/sweep_tiles.py --kernel wgmma at b6c4a88
-#   (results/h200/sweep_wgmma.json), best tile against cuBLAS bf16 on the eight shapes:
+# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 17 where the layer is large enough
+#   (wgmma_declines below, which cites the M = 17..64 sweep): benchmarks/sweep_tiles.py --kernel
+#   wgmma at b6c4a88 (results/h200/sweep_wgmma.json), best tile against cuBLAS bf16 on the eight shapes:
 #   M = 65..128: 0.77-1.26x where K >= 2048 (triton_a16: 0.55-0.89x), but 0.47-0.65x at K = 1024;
 #   M = 256..2048: 0.81-1.0x where N * K >= 2^25 (cuda_dequant: 0.57-0.91x), 0.44-0.9x on
 #   smaller layers, which keep the older kernels. Above M = 2048 cuda_dequant (0.9-1.0x) stays.
@@ -194,16 +195,23 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {
     "cuda_mma_tiles": {"sm90": 17, "default": 17},  # cuda_mma is faster up to M = 16
-    "cuda_wgmma": {"sm90": 65, "default": 65},  # cuda_mma_tiles up to M = 64
+    "cuda_wgmma": {"sm90": 17, "default": 17},  # cuda_mma up to M = 16; see wgmma_declines
     "cuda_wgmma_a8": {"sm90": 17, "default": 17},  # cuda_mma_a8 up to M = 16
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_a8": {"sm90": 2048, "default": 2048},
     "dequant_cublas": {"sm90": 256, "default": 256},
 }
 
-# Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_SMALL_M every
-# layer with K >= WGMMA_SMALL_M_MIN_K, and up to WGMMA_MAX_M the layers with
-# N * K >= WGMMA_LARGE_MIN_NK.
+# Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_MID_M (one 64-token
+# tile) the layers with N * K >= WGMMA_MID_MIN_NK, up to WGMMA_SMALL_M every layer with
+# K >= WGMMA_SMALL_M_MIN_K, and up to WGMMA_MAX_M the layers with N * K >= WGMMA_LARGE_MIN_NK.
+# M = 17..64: benchmarks/sweep_tiles.py --kernel wgmma --ms 8 16 24 32 48 64 at 8997d70
+# (results/h200/sweep_wgmma_small_m_8997d70.json), its 64-token tiles against cuBLAS bf16: 1.24-1.63x
+# on the four 8B shapes, where cuda_mma_tiles ran 1.17-1.50x at M = 32 and 0.72-1.03x at M = 64
+# (bench_linear.py --below-floors at the same commit, bench_linear_mid_m_below_floors_8997d70.json);
+# on the N = 1024 layers 0.86-1.14x, behind cuda_mma_tiles (0.95-1.35x at bc99b65), which keeps them.
+WGMMA_MID_M = 64
+WGMMA_MID_MIN_NK = 1 << 24
 WGMMA_SMALL_M = 128
 WGMMA_SMALL_M_MIN_K = 2048
 WGMMA_MAX_M = 2048
@@ -230,6 +238,11 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 
 def wgmma_declines(m: int, n: int, k: int) -> str:
     """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
+    if m <= WGMMA_MID_M:
+        if n * k >= WGMMA_MID_MIN_NK:
+            return ""
+        return (f"M={m}, N * K = {n * k}: up to M = {WGMMA_MID_M} cuda_wgmma runs layers with "
+                f"N * K >= {WGMMA_MID_MIN_NK}; cuda_mma_tiles is faster on smaller ones")
     if m <= WGMMA_SMALL_M:
         if k >= WGMMA_SMALL_M_MIN_K:
             return ""

@@ -120,7 +120,7 @@ def test_registry_cuda_mma_tiles_takes_m_17_to_64(monkeypatch):
         assert ok or "extension not built" in why, why  # every dispatch check passed (built on a GPU machine)
 
 
-def test_registry_cuda_wgmma_takes_large_layers_from_m_65(monkeypatch):
+def test_registry_cuda_wgmma_takes_large_layers_from_m_17(monkeypatch):
     """Its floor (cuda_mma_tiles below), the shape rule of configs.wgmma_declines, and the GPU it
     needs (sm_90a cubins load on compute capability 9.0 only); past those only the extension is
     missing on a CPU machine."""
@@ -135,13 +135,15 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_65(monkeypatch):
         return backends.LinearCall(x, w, None, None, 16, layout)
 
     can = registry._can_cuda_wgmma
-    assert "M=64 is below M=65" in can(call(64))[1]
+    assert "M=16 is below M=17" in can(call(16))[1]
+    assert "N * K = 3145728" in can(call(64, k=3072, n=1024))[1]  # the N = 1024 layers keep cuda_mma_tiles
     assert "K=1024 is below 2048" in can(call(128, k=1024, n=4096))[1]
     assert "N * K = 16777216" in can(call(256, k=4096, n=4096))[1]  # 4096 x 4096 keeps cuda_dequant
     assert "M=4096" in can(call(4096))[1]
     assert "layout 'v1'" in can(call(128, layout="v1"))[1]
     assert "float32" in can(call(128, dtype=torch.float32))[1]
-    for m, k, n in ((65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336), (2048, 14336, 4096)):
+    for m, k, n in ((17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336),
+                    (2048, 14336, 4096)):
         ok, why = can(call(m, k, n))
         assert ok or "extension not built" in why, (m, k, n, why)  # built on a GPU machine
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
@@ -153,6 +155,10 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_65(monkeypatch):
 
 
 def test_wgmma_declines_follows_its_constants():
+    mid_n = configs.WGMMA_MID_MIN_NK // 1024
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n, 1024) == ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n - 8, 1024) != ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M + 1, mid_n, 1024) != ""  # K = 1024 from M = 65
     assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K) == ""
     assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K - 128) != ""
     big_n = configs.WGMMA_LARGE_MIN_NK // 4096

@@ -219,8 +219,10 @@ TILES_SHAPES = [
 # The split-K a16 kernels: backend -> (its op, how many tiles it has, extra shapes).
 SPLIT_K_KERNELS = {
     "cuda_mma_tiles": ("linear_cuda_mma_tiles", 2, []),
-    # Hopper: 128 or 256 rows x 64, 128 or 256 tokens; ragged M and N past the TMA box.
-    "cuda_wgmma": ("linear_cuda_wgmma", 5, [(65, 384, 136), (300, 14336, 1024), (700, 1024, 4096)]),
+    # Hopper: 128 or 256 rows x 64, 128 or 256 tokens; ragged M and N past the TMA box. At M <= 64 the
+    # auto tile takes 256 rows where 128-row CTAs would overflow one wave (N > 128 * SMs): 17000 rows.
+    "cuda_wgmma": ("linear_cuda_wgmma", 5, [(65, 384, 136), (300, 14336, 1024), (700, 1024, 4096),
+                                            (9, 256, 1032), (40, 1024, 17000)]),
 }
 
 
@@ -274,8 +276,9 @@ def test_linear_cuda_wgmma_takes_large_layers_on_hopper():
     if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
         pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
     chosen = {m: backends.select(_call(x.new_zeros(m, 4096), packed, scale, layout="a16")).name
-              for m in (64, 65, 2048, 2049)}  # fmt: skip
-    assert chosen == {64: "cuda_mma_tiles", 65: "cuda_wgmma", 2048: "cuda_wgmma", 2049: "cuda_dequant"}, chosen
+              for m in (16, 17, 64, 65, 2048, 2049)}  # fmt: skip
+    assert chosen == {16: "cuda_mma", 17: "cuda_wgmma", 64: "cuda_wgmma", 65: "cuda_wgmma", 2048: "cuda_wgmma",
+                      2049: "cuda_dequant"}, chosen
 
 
 def test_linear_cuda_mma_tiles_meets_cuda_mma_at_m16():
@@ -453,7 +456,8 @@ def test_linear_cuda_compile_dynamic_m_one_graph(layout):
     "m,name,dtype",
     [(1, None, torch.float16), (3, None, torch.float16), (64, None, torch.float16), (1000, None, torch.float16),
      (1, "cuda_mma", torch.bfloat16), (16, "cuda_mma", torch.float16), (64, "cuda_mma_tiles", torch.bfloat16),
-     (40, "cuda_mma_tiles", torch.float16), (200, "cuda_wgmma", torch.bfloat16), (80, "cuda_wgmma", torch.float16)],
+     (40, "cuda_mma_tiles", torch.float16), (200, "cuda_wgmma", torch.bfloat16), (80, "cuda_wgmma", torch.float16),
+     (24, "cuda_wgmma", torch.bfloat16)],
 )
 def test_linear_cuda_graph_capture_replays(monkeypatch, m, name, dtype):
     layout = _layout_for(name)

@@ -417,14 +417,18 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * ceil_div(M, kWgShapes[t].tokens); }
 
-// The tile for a call when none is forced, from the H200 sweep (benchmarks/sweep_tiles.py
-// --kernel wgmma; results/h200/sweep_wgmma.json): above M = 256 the 256-token tile where its CTAs
-// fill the GPU, else the 128-token one; up to M = 256 the 128-token tile, unless it would leave
-// fewer than 16 CTAs (N = 1024 layers), where the 64-token tile doubles them. The 256-row tiles
-// (3, 4) won no shape, and run only when asked for.
+// The tile for a call when none is forced, from the H200 sweeps (benchmarks/sweep_tiles.py
+// --kernel wgmma). Above M = 256 the 256-token tile where its CTAs fill the GPU, else the
+// 128-token one; M = 65..256 the 128-token tile, unless it would leave fewer than 16 CTAs (N = 1024
+// layers), where the 64-token tile doubles them (results/h200/sweep_wgmma.json). Up to M = 64 one
+// 64-token tile holds every token, and the 128-token tile only adds MMAs on zero rows: 128 weight
+// rows a CTA, or 256 (tile 3) where 128-row CTAs would need a second wave
+// (results/h200/sweep_wgmma_small_m_8997d70.json: on 4096 -> 28672 tile 3 ran 1.51-1.63x of cuBLAS
+// bf16 at M = 8..64 against 1.29-1.38x for tile 0 and 0.79-1.01x for the 128-token tile).
 int auto_wgmma_tile(int M, int N, int sms) {
   if (M > 256) return ctas_of(2, M, N) >= sms ? 2 : 1;
-  return ctas_of(1, M, N) < 16 ? 0 : 1;
+  if (M > 64) return ctas_of(1, M, N) < 16 ? 0 : 1;
+  return ctas_of(0, M, N) > sms ? 3 : 0;
 }
 
 }  // namespace
