@@ -401,11 +401,17 @@ def test_linear_cuda_dispatch_by_m():
     reasons = dict((name, why) for name, ok, why in backends.explain(_call(x, packed, scale)) if not ok)
     assert "M=4096" in reasons["triton_gemv"]
     # int8 activations only ever run on the W2A8 backends (triton_a8 at this M; with a scale per
-    # row, dequant_a8 on Hopper)
+    # row, dequant_a8 on Hopper where its 128 x 128 tiles fill the GPU twice over, else triton_a8)
+    from ternop.cuda import configs
+
     assert backends.select(_call(x, packed, scale, bits=8)).name == "triton_a8"
     row = scale[:, :1].contiguous()
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert backends.select(_call(x, packed, row, bits=8)).name == ("dequant_a8" if hopper else "triton_a8")
+    wide, wide_scale = _weights(16384, 512)
+    for w, s in ((packed, row), (wide, wide_scale[:, :1].contiguous())):  # 32 x 2 and 32 x 128 tiles
+        takes = hopper and not configs.dequant_a8_declines(4096, w.shape[0], x.device)
+        assert backends.select(_call(x, w, s, bits=8)).name == ("dequant_a8" if takes else "triton_a8"), w.shape
+    assert not hopper or not configs.dequant_a8_declines(4096, 16384, x.device)  # the wide layer takes it there
 
 
 @pytest.mark.parametrize("m", [1, 300])
