@@ -103,8 +103,8 @@ _BIG = 1 << 62
 #   1.21x -> 1.44x on 1024 -> 4096, 2.83x -> 3.52x on 2048 -> 1024); slower on the wider 8B
 #   shapes, where N / 16 CTAs each re-read x.
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
-# - cuda_mma_tiles (a16 layout) from M = 17 to 64 on the layers cuda_wgmma leaves (N * K < 2^24,
-#   the N = 1024 layers of the 0.6B model among them): benchmarks/sweep_tiles.py at 9d4cebf
+# - cuda_mma_tiles (a16 layout) from M = 17 to 64 on the layers cuda_wgmma leaves (N * K < 2^24 or
+#   K < 2048: every layer of the 0.6B model): benchmarks/sweep_tiles.py at 9d4cebf
 #   (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
 #   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
 #   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
@@ -203,7 +203,8 @@ MIN_M: dict[str, dict[str, int]] = {
 }
 
 # Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_MID_M (one 64-token
-# tile) the layers with N * K >= WGMMA_MID_MIN_NK, up to WGMMA_SMALL_M every layer with
+# tile) the layers with N * K >= WGMMA_MID_MIN_NK and K >= WGMMA_SMALL_M_MIN_K (the K = 1024 layers
+# were its slowest at every M measured), up to WGMMA_SMALL_M every layer with
 # K >= WGMMA_SMALL_M_MIN_K, and up to WGMMA_MAX_M the layers with N * K >= WGMMA_LARGE_MIN_NK.
 # M = 17..64: benchmarks/sweep_tiles.py --kernel wgmma --ms 8 16 24 32 48 64 at 8997d70
 # (results/h200/sweep_wgmma_small_m_8997d70.json), its 64-token tiles against cuBLAS bf16: 1.24-1.63x
@@ -239,10 +240,11 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 def wgmma_declines(m: int, n: int, k: int) -> str:
     """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
     if m <= WGMMA_MID_M:
-        if n * k >= WGMMA_MID_MIN_NK:
+        if n * k >= WGMMA_MID_MIN_NK and k >= WGMMA_SMALL_M_MIN_K:
             return ""
-        return (f"M={m}, N * K = {n * k}: up to M = {WGMMA_MID_M} cuda_wgmma runs layers with "
-                f"N * K >= {WGMMA_MID_MIN_NK}; cuda_mma_tiles is faster on smaller ones")
+        return (f"M={m}, N * K = {n * k}, K={k}: up to M = {WGMMA_MID_M} cuda_wgmma runs layers with "
+                f"N * K >= {WGMMA_MID_MIN_NK} and K >= {WGMMA_SMALL_M_MIN_K}; cuda_mma_tiles is faster "
+                f"on smaller ones")
     if m <= WGMMA_SMALL_M:
         if k >= WGMMA_SMALL_M_MIN_K:
             return ""

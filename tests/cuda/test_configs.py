@@ -156,9 +156,10 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_17(monkeypatch):
 
 def test_wgmma_declines_follows_its_constants():
     mid_n = configs.WGMMA_MID_MIN_NK // 1024
-    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n, 1024) == ""
-    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n - 8, 1024) != ""
-    assert configs.wgmma_declines(configs.WGMMA_MID_M + 1, mid_n, 1024) != ""  # K = 1024 from M = 65
+    mid_k = configs.WGMMA_SMALL_M_MIN_K
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k, mid_k) == ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k - 8, mid_k) != ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n, 1024) != ""  # large enough, but K = 1024
     assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K) == ""
     assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K - 128) != ""
     big_n = configs.WGMMA_LARGE_MIN_NK // 4096
