@@ -121,7 +121,7 @@ def test_registry_cuda_mma_tiles_takes_m_17_to_64(monkeypatch):
 
 
 def test_registry_cuda_wgmma_takes_large_layers_from_m_17(monkeypatch):
-    """Its floor (cuda_mma_tiles below), the shape rule of configs.wgmma_declines, and the GPU it
+    """Its floor (cuda_mma below), the shape rule of configs.wgmma_declines, and the GPU it
     needs (sm_90a cubins load on compute capability 9.0 only); past those only the extension is
     missing on a CPU machine."""
     from types import SimpleNamespace
