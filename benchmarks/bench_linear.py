@@ -237,11 +237,17 @@ def bytes_moved(name: str, m: int, k: int, n: int) -> int:
     return n * k // 4 + 2 * n * (k // 128) + act
 
 
+def families(chosen=None) -> dict[str, list[tuple[int, int]]]:
+    """SHAPES, plus the chosen (K, N) shapes of no family as family "other"."""
+    known = {shape for family in SHAPES.values() for shape in family}
+    return {**SHAPES, "other": [shape for shape in chosen or () if shape not in known]}
+
+
 def run_bench(args, save=None) -> dict:
     """Times every implementation; ``save(report)`` is called after each shape (a cut-off run keeps what it measured)."""
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])  # load backends
     results = []
-    for family, shapes in SHAPES.items():
+    for family, shapes in families(args.shapes).items():
         for k, n in shapes:
             if args.shapes and (k, n) not in args.shapes:
                 continue
@@ -327,11 +333,13 @@ def _triton_version():
 
 
 def _shape_list(text: str) -> list[tuple[int, int]]:
-    shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
-    known = {shape for family in SHAPES.values() for shape in family}
-    unknown = [f"{k}x{n}" for k, n in shapes if (k, n) not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"not a benchmark shape: {', '.join(unknown)}")
+    try:
+        shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shapes are KxN[,KxN...], not {text!r}") from None
+    bad = [f"{k}x{n}" for k, n in shapes if k % 128 or k < 128 or n < 1]
+    if bad or any(len(s) != 2 for s in shapes):
+        raise argparse.ArgumentTypeError(f"K must be a positive multiple of 128 and N positive: {', '.join(bad) or text}")
     return shapes
 
 
@@ -340,7 +348,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/bench_linear.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
     parser.add_argument("--shapes", type=_shape_list, default=None,
-                        help="only these K->N shapes, e.g. 4096x14336,1024x4096 (default: all)")
+                        help="only these K->N shapes, e.g. 4096x14336,1024x4096 (default: the eight of the "
+                             "0.6B and 8B families; others run as family 'other')")
     parser.add_argument("--below-floors", action="store_true",
                         help="time every backend that can run the call, also where the dispatch's speed rules "
                              "(M floors, tile-count rules) keep it out, as TERNOP_BACKEND would force it")

@@ -37,7 +37,7 @@ import ternop
 from ternop import layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_linear import DTYPE, SHAPES, _report, _shape_list, copies_for, make_weights, time_graph  # noqa: E402
+from bench_linear import DTYPE, _report, _shape_list, copies_for, families, make_weights, time_graph  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 SMALL_MS = [1, 4, 8, 12, 16]
@@ -78,7 +78,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None) -> dict:
     op_name, tiles, layout, row_scales = KERNELS[kernel]
     call = _caller(getattr(torch.ops.ternop, op_name), layout)
     results = []
-    for family, family_shapes in SHAPES.items():
+    for family, family_shapes in families(shapes).items():
         for k, n in family_shapes:
             if shapes is not None and (k, n) not in shapes:
                 continue
