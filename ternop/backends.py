@@ -153,6 +153,11 @@ def _forced(name: str, call: LinearCall) -> Backend:
     return backend
 
 
+def skipped() -> set[str]:
+    """The backend names that TERNOP_SKIP_BACKENDS lists."""
+    return {name.strip() for name in os.environ.get(ENV_SKIP, "").split(",") if name.strip()}
+
+
 def select(call: LinearCall) -> Backend:
     """The backend that runs this call. Raises RuntimeError with every rejection reason if none can."""
     forced = os.environ.get(ENV_BACKEND)
@@ -163,7 +168,7 @@ def select(call: LinearCall) -> Backend:
     if backend is not None:
         return backend
     reasons = []
-    skip = {name.strip() for name in os.environ.get(ENV_SKIP, "").split(",") if name.strip()}
+    skip = skipped()
     unknown = skip - set(_BACKENDS)
     if unknown:
         raise RuntimeError(f"{ENV_SKIP} names no backend {sorted(unknown)}; registered: {sorted(_BACKENDS)}")

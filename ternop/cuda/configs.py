@@ -195,7 +195,7 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 # backend -> arch -> smallest M it takes when not forced (the registry walks by priority).
 MIN_M: dict[str, dict[str, int]] = {
     "cuda_mma_tiles": {"sm90": 17, "default": 17},  # cuda_mma is faster up to M = 16
-    "cuda_wgmma": {"sm90": 17, "default": 17},  # cuda_mma up to M = 16; see wgmma_declines
+    "cuda_wgmma": {"sm90": 9, "default": 9},  # cuda_mma up to M = 8, and to 16 but on wide layers (wgmma_declines)
     "cuda_wgmma_a8": {"sm90": 17, "default": 17},  # cuda_mma_a8 up to M = 16
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_a8": {"sm90": 2048, "default": 2048},
@@ -213,6 +213,17 @@ MIN_M: dict[str, dict[str, int]] = {
 # on the N = 1024 layers 0.86-1.14x, behind cuda_mma_tiles (0.95-1.35x at bc99b65), which keeps them.
 WGMMA_MID_M = 64
 WGMMA_MID_MIN_NK = 1 << 24
+# M = 9..16 (WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M, cuda_mma's largest M): cuda_mma multiplies two 8-token tiles from
+# M = 9, so its time there is that of M = 16, while one 64-token wgmma tile costs the same at any M up
+# to 64. The same 8997d70 sweep at M = 16 against bench_linear at 3a3f4c7 (cuda_mma): the wgmma auto
+# tile ran 1.51x on 4096 -> 28672 against 1.18x and 1.29x on 4096 -> 14336 against 1.21x, but 1.25x
+# on 4096 -> 4096 against 1.55x and 1.39x on 14336 -> 4096 against 1.47x. So from M = 9 cuda_wgmma
+# takes the wide up-projections only: N >= WGMMA_WIDE_N_OVER_K * K and N * K >= WGMMA_WIDE_MIN_NK
+# (and K >= WGMMA_SMALL_M_MIN_K), and cuda_mma leaves them to it (registry._can_cuda_mma).
+WGMMA_WIDE_MIN_M = 9
+WGMMA_WIDE_MAX_M = 16
+WGMMA_WIDE_N_OVER_K = 3
+WGMMA_WIDE_MIN_NK = 1 << 25
 WGMMA_SMALL_M = 128
 WGMMA_SMALL_M_MIN_K = 2048
 WGMMA_MAX_M = 2048
@@ -237,8 +248,19 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
     return ""
 
 
+def wgmma_wide_layer(n: int, k: int) -> bool:
+    """Whether cuda_wgmma beats cuda_mma on this layer at M = WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M (see above)."""
+    return n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K
+
+
 def wgmma_declines(m: int, n: int, k: int) -> str:
     """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
+    if m <= WGMMA_WIDE_MAX_M:
+        if m >= WGMMA_WIDE_MIN_M and wgmma_wide_layer(n, k):
+            return ""
+        return (f"M={m}, N={n}, K={k}: up to M = {WGMMA_WIDE_MAX_M} cuda_wgmma runs only wide layers, from "
+                f"M = {WGMMA_WIDE_MIN_M} (N >= {WGMMA_WIDE_N_OVER_K} * K, N * K >= {WGMMA_WIDE_MIN_NK}, "
+                f"K >= {WGMMA_SMALL_M_MIN_K}); cuda_mma is faster on the others")
     if m <= WGMMA_MID_M:
         if n * k >= WGMMA_MID_MIN_NK and k >= WGMMA_SMALL_M_MIN_K:
             return ""

@@ -328,7 +328,19 @@ def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
     why = _mma_bucket("cuda_mma", call, "mma.sync m16n8k16")
     if why:
         return False, why
+    if _wgmma_takes_wide(call):
+        return False, (f"M={call.m}: cuda_wgmma is faster on this wide layer (N={call.n}, K={call.k}; "
+                       f"configs.wgmma_wide_layer)")
     return _cuda_ext_ready(call, ("v1", "a16"))
+
+
+def _wgmma_takes_wide(call: backends.LinearCall) -> bool:
+    """Whether cuda_wgmma, after cuda_mma in priority, takes this M = 9..16 call on a wide layer."""
+    if _forced("cuda_mma") or not configs.WGMMA_WIDE_MIN_M <= call.m <= configs.WGMMA_WIDE_MAX_M:
+        return False
+    if not configs.wgmma_wide_layer(call.n, call.k) or "cuda_wgmma" in backends.skipped():
+        return False
+    return _can_cuda_wgmma(call)[0]
 
 
 def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:

@@ -120,8 +120,8 @@ def test_registry_cuda_mma_tiles_takes_m_17_to_64(monkeypatch):
         assert ok or "extension not built" in why, why  # every dispatch check passed (built on a GPU machine)
 
 
-def test_registry_cuda_wgmma_takes_large_layers_from_m_17(monkeypatch):
-    """Its floor (cuda_mma below), the shape rule of configs.wgmma_declines, and the GPU it
+def test_registry_cuda_wgmma_takes_large_layers_from_m_9(monkeypatch):
+    """Its floor (cuda_mma below), the shape rules of configs.wgmma_declines, and the GPU it
     needs (sm_90a cubins load on compute capability 9.0 only); past those only the extension is
     missing on a CPU machine."""
     from types import SimpleNamespace
@@ -135,14 +135,15 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_17(monkeypatch):
         return backends.LinearCall(x, w, None, None, 16, layout)
 
     can = registry._can_cuda_wgmma
-    assert "M=16 is below M=17" in can(call(16))[1]
+    assert "M=8 is below M=9" in can(call(8))[1]
+    assert "only wide layers" in can(call(16, k=4096, n=4096))[1]  # 4096 x 4096 keeps cuda_mma up to M = 16
     assert "N * K = 3145728" in can(call(64, k=3072, n=1024))[1]  # the N = 1024 layers keep cuda_mma_tiles
     assert "K=1024 is below 2048" in can(call(128, k=1024, n=4096))[1]
     assert "N * K = 16777216" in can(call(256, k=4096, n=4096))[1]  # 4096 x 4096 keeps cuda_dequant
     assert "M=4096" in can(call(4096))[1]
     assert "layout 'v1'" in can(call(128, layout="v1"))[1]
     assert "float32" in can(call(128, dtype=torch.float32))[1]
-    for m, k, n in ((17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336),
+    for m, k, n in ((9, 4096, 14336), (16, 4096, 28672), (17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336),
                     (2048, 14336, 4096)):
         ok, why = can(call(m, k, n))
         assert ok or "extension not built" in why, (m, k, n, why)  # built on a GPU machine
@@ -154,7 +155,51 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_17(monkeypatch):
     assert ok or "extension not built" in why, why
 
 
+def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch):
+    """cuda_mma goes first; at M = 9..16 it declines a wide layer only where cuda_wgmma takes it
+    (here that answer is stubbed: the extension is not built on a CPU machine)."""
+    from types import SimpleNamespace
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    monkeypatch.delenv(backends.ENV_SKIP, raising=False)
+    wgmma_can = [True]
+    monkeypatch.setattr(registry, "_can_cuda_wgmma", lambda call: (wgmma_can[0], "" if wgmma_can[0] else "no"))
+
+    def call(m, k=4096, n=28672, layout="a16"):
+        x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
+        w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, None, None, 16, layout)
+
+    def leaves(c):
+        ok, why = registry._can_cuda_mma(c)
+        assert ok or "cuda_wgmma is faster" in why or "extension not built" in why, why
+        return "cuda_wgmma is faster" in why
+
+    assert leaves(call(9)) and leaves(call(16)) and leaves(call(12, n=14336))
+    assert not leaves(call(8)) and not leaves(call(16, n=4096)) and not leaves(call(16, k=1024, n=6144))
+    monkeypatch.setenv(backends.ENV_SKIP, "cuda_wgmma")
+    assert not leaves(call(16))  # skipped: cuda_mma keeps it
+    monkeypatch.delenv(backends.ENV_SKIP)
+    wgmma_can[0] = False  # not Hopper, no sm_90a build, a v1 layout...
+    assert not leaves(call(16))
+    wgmma_can[0] = True
+    monkeypatch.setenv("TERNOP_BACKEND", "cuda_mma")
+    assert not leaves(call(16))  # forced
+
+
 def test_wgmma_declines_follows_its_constants():
+    # M = 9..16: the wide layers only (N >= 3K, N * K >= 2^25, K >= 2048)
+    lo, hi = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M
+    wide_k = configs.WGMMA_SMALL_M_MIN_K
+    wide_n = max(configs.WGMMA_WIDE_N_OVER_K * wide_k, configs.WGMMA_WIDE_MIN_NK // wide_k)
+    assert configs.wgmma_declines(lo, wide_n, wide_k) == "" and configs.wgmma_declines(hi, wide_n, wide_k) == ""
+    assert configs.wgmma_declines(lo - 1, wide_n, wide_k) != ""
+    assert configs.wgmma_declines(hi, configs.WGMMA_WIDE_N_OVER_K * 4096 - 8, 4096) != ""  # not 3K wide
+    assert configs.wgmma_declines(hi, wide_n - 8, wide_k) != ""  # N * K below 2^25
+    assert configs.wgmma_declines(hi, 1 << 16, 1024) != ""  # K = 1024
+    assert configs.wgmma_wide_layer(28672, 4096) and configs.wgmma_wide_layer(14336, 4096)
+    assert not configs.wgmma_wide_layer(4096, 14336) and not configs.wgmma_wide_layer(6144, 1024)
     mid_n = configs.WGMMA_MID_MIN_NK // 1024
     mid_k = configs.WGMMA_SMALL_M_MIN_K
     assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k, mid_k) == ""
