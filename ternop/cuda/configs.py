@@ -213,17 +213,21 @@ MIN_M: dict[str, dict[str, int]] = {
 # on the N = 1024 layers 0.86-1.14x, behind cuda_mma_tiles (0.95-1.35x at bc99b65), which keeps them.
 WGMMA_MID_M = 64
 WGMMA_MID_MIN_NK = 1 << 24
-# M = 9..16 (WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M, cuda_mma's largest M): cuda_mma multiplies two 8-token tiles from
-# M = 9, so its time there is that of M = 16, while one 64-token wgmma tile costs the same at any M up
-# to 64. The same 8997d70 sweep at M = 16 against bench_linear at 3a3f4c7 (cuda_mma): the wgmma auto
-# tile ran 1.51x on 4096 -> 28672 against 1.18x and 1.29x on 4096 -> 14336 against 1.21x, but 1.25x
-# on 4096 -> 4096 against 1.55x and 1.39x on 14336 -> 4096 against 1.47x. So from M = 9 cuda_wgmma
-# takes the wide up-projections only: N >= WGMMA_WIDE_N_OVER_K * K and N * K >= WGMMA_WIDE_MIN_NK
-# (and K >= WGMMA_SMALL_M_MIN_K), and cuda_mma leaves them to it (registry._can_cuda_mma).
+# M = 9..16 (WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M, cuda_mma's largest M): one 64-token wgmma tile
+# costs the same at any M up to 64, while cuda_mma slows as M grows. bench_linear.py --below-floors
+# --ms 8 9 12 16 on nine shapes at 0474fb7 (results/h200/bench_linear_wide_small_m_0474fb7.json),
+# against cuBLAS bf16, cuda_mma / cuda_wgmma: on 4096 -> 28672 1.37 / 1.39x at M = 9, 1.29 / 1.39x at
+# 12, 1.27 / 1.50x at 16; on 5120 -> 27648 1.37 / 1.37x, 1.29 / 1.36x, 1.28 / 1.51x. Everywhere else
+# cuda_mma was as fast or faster: 4096 -> 14336 (N * K = 2^25.8) 1.38 / 1.23x at M = 9, and
+# 3584 -> 37888, whose 148 CTAs of 256 rows need a second wave on 132 SMs, 1.27 / 1.03x at M = 9 and
+# 1.11 / 1.04x at 16. So from M = 9 cuda_wgmma takes the wide up-projections that fill one wave:
+# N >= WGMMA_WIDE_N_OVER_K * K, N * K >= WGMMA_WIDE_MIN_NK, K >= WGMMA_SMALL_M_MIN_K and
+# N <= WGMMA_WIDE_ROWS_PER_CTA * SMs; cuda_mma leaves those to it (registry._can_cuda_mma).
 WGMMA_WIDE_MIN_M = 9
 WGMMA_WIDE_MAX_M = 16
 WGMMA_WIDE_N_OVER_K = 3
-WGMMA_WIDE_MIN_NK = 1 << 25
+WGMMA_WIDE_MIN_NK = 1 << 26
+WGMMA_WIDE_ROWS_PER_CTA = 256  # the auto tile's rows a CTA on layers this wide (ternary_wgmma.cu)
 WGMMA_SMALL_M = 128
 WGMMA_SMALL_M_MIN_K = 2048
 WGMMA_MAX_M = 2048
@@ -248,19 +252,22 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
     return ""
 
 
-def wgmma_wide_layer(n: int, k: int) -> bool:
+def wgmma_wide_layer(n: int, k: int, sms: int) -> bool:
     """Whether cuda_wgmma beats cuda_mma on this layer at M = WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M (see above)."""
-    return n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K
+    return (n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K
+            and n <= WGMMA_WIDE_ROWS_PER_CTA * sms)  # fmt: skip
 
 
-def wgmma_declines(m: int, n: int, k: int) -> str:
-    """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
+def wgmma_declines(m: int, n: int, k: int, sms: int) -> str:
+    """Why cuda_wgmma leaves this (M, N, K) to another backend on a GPU of ``sms`` multiprocessors, or
+    "" where it is the faster one."""
     if m <= WGMMA_WIDE_MAX_M:
-        if m >= WGMMA_WIDE_MIN_M and wgmma_wide_layer(n, k):
+        if m >= WGMMA_WIDE_MIN_M and wgmma_wide_layer(n, k, sms):
             return ""
         return (f"M={m}, N={n}, K={k}: up to M = {WGMMA_WIDE_MAX_M} cuda_wgmma runs only wide layers, from "
                 f"M = {WGMMA_WIDE_MIN_M} (N >= {WGMMA_WIDE_N_OVER_K} * K, N * K >= {WGMMA_WIDE_MIN_NK}, "
-                f"K >= {WGMMA_SMALL_M_MIN_K}); cuda_mma is faster on the others")
+                f"K >= {WGMMA_SMALL_M_MIN_K}, N <= {WGMMA_WIDE_ROWS_PER_CTA} * {sms} SMs); cuda_mma is faster "
+                f"on the others")
     if m <= WGMMA_MID_M:
         if n * k >= WGMMA_MID_MIN_NK and k >= WGMMA_SMALL_M_MIN_K:
             return ""

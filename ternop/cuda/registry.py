@@ -338,7 +338,9 @@ def _wgmma_takes_wide(call: backends.LinearCall) -> bool:
     """Whether cuda_wgmma, after cuda_mma in priority, takes this M = 9..16 call on a wide layer."""
     if _forced("cuda_mma") or not configs.WGMMA_WIDE_MIN_M <= call.m <= configs.WGMMA_WIDE_MAX_M:
         return False
-    if not configs.wgmma_wide_layer(call.n, call.k) or "cuda_wgmma" in backends.skipped():
+    if not configs.wgmma_wide_layer(call.n, call.k, configs.sm_count(call.x.device)):
+        return False
+    if "cuda_wgmma" in backends.skipped():
         return False
     return _can_cuda_wgmma(call)[0]
 
@@ -389,7 +391,7 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("cuda_wgmma", call, "wgmma"))  # fmt: skip
     if why:
         return False, why
-    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k)
+    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k, configs.sm_count(call.x.device))
     if why:
         return False, why
     ok, why = _cuda_ext_ready(call, ("a16",))

@@ -12,6 +12,7 @@ DEV = torch.device("cuda", 0)  # a device object only; CUDA is never initialised
 
 def _sm90(monkeypatch):
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (9, 0))
+    monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)  # an H100 / H200
 
 
 def test_configs_buckets_cover_every_m(monkeypatch):
@@ -136,14 +137,14 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_9(monkeypatch):
 
     can = registry._can_cuda_wgmma
     assert "M=8 is below M=9" in can(call(8))[1]
-    assert "only wide layers" in can(call(16, k=4096, n=4096))[1]  # 4096 x 4096 keeps cuda_mma up to M = 16
+    assert "only wide layers" in can(call(16))[1]  # 4096 -> 14336 keeps cuda_mma up to M = 16
     assert "N * K = 3145728" in can(call(64, k=3072, n=1024))[1]  # the N = 1024 layers keep cuda_mma_tiles
     assert "K=1024 is below 2048" in can(call(128, k=1024, n=4096))[1]
     assert "N * K = 16777216" in can(call(256, k=4096, n=4096))[1]  # 4096 x 4096 keeps cuda_dequant
     assert "M=4096" in can(call(4096))[1]
     assert "layout 'v1'" in can(call(128, layout="v1"))[1]
     assert "float32" in can(call(128, dtype=torch.float32))[1]
-    for m, k, n in ((9, 4096, 14336), (16, 4096, 28672), (17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336),
+    for m, k, n in ((9, 4096, 28672), (16, 5120, 27648), (17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336),
                     (2048, 14336, 4096)):
         ok, why = can(call(m, k, n))
         assert ok or "extension not built" in why, (m, k, n, why)  # built on a GPU machine
@@ -176,8 +177,9 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
         assert ok or "cuda_wgmma is faster" in why or "extension not built" in why, why
         return "cuda_wgmma is faster" in why
 
-    assert leaves(call(9)) and leaves(call(16)) and leaves(call(12, n=14336))
+    assert leaves(call(9)) and leaves(call(16)) and leaves(call(12, k=5120, n=27648))
     assert not leaves(call(8)) and not leaves(call(16, n=4096)) and not leaves(call(16, k=1024, n=6144))
+    assert not leaves(call(12, n=14336)) and not leaves(call(12, k=3584, n=37888))
     monkeypatch.setenv(backends.ENV_SKIP, "cuda_wgmma")
     assert not leaves(call(16))  # skipped: cuda_mma keeps it
     monkeypatch.delenv(backends.ENV_SKIP)
@@ -189,28 +191,34 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
 
 
 def test_wgmma_declines_follows_its_constants():
-    # M = 9..16: the wide layers only (N >= 3K, N * K >= 2^25, K >= 2048)
-    lo, hi = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M
-    wide_k = configs.WGMMA_SMALL_M_MIN_K
-    wide_n = max(configs.WGMMA_WIDE_N_OVER_K * wide_k, configs.WGMMA_WIDE_MIN_NK // wide_k)
-    assert configs.wgmma_declines(lo, wide_n, wide_k) == "" and configs.wgmma_declines(hi, wide_n, wide_k) == ""
-    assert configs.wgmma_declines(lo - 1, wide_n, wide_k) != ""
-    assert configs.wgmma_declines(hi, configs.WGMMA_WIDE_N_OVER_K * 4096 - 8, 4096) != ""  # not 3K wide
-    assert configs.wgmma_declines(hi, wide_n - 8, wide_k) != ""  # N * K below 2^25
-    assert configs.wgmma_declines(hi, 1 << 16, 1024) != ""  # K = 1024
-    assert configs.wgmma_wide_layer(28672, 4096) and configs.wgmma_wide_layer(14336, 4096)
-    assert not configs.wgmma_wide_layer(4096, 14336) and not configs.wgmma_wide_layer(6144, 1024)
+    # M = 9..16: the wide layers that fill one wave only (N >= 3K, N * K >= 2^26, K >= 2048, N <= 256 * SMs)
+    lo, hi, sms = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M, 132
+    k = configs.WGMMA_SMALL_M_MIN_K
+    n = max(configs.WGMMA_WIDE_N_OVER_K * k, configs.WGMMA_WIDE_MIN_NK // k)
+    assert configs.wgmma_declines(lo, n, k, sms) == "" and configs.wgmma_declines(hi, n, k, sms) == ""
+    assert configs.wgmma_declines(lo - 1, n, k, sms) != "" and configs.wgmma_declines(17, n, k, sms) == ""
+    assert configs.wgmma_declines(hi, n - 8, k, sms) != ""  # N * K below 2^26
+    square = 8192  # N * K = 2^26, but N < 3K
+    assert configs.wgmma_declines(hi, square, square, sms) != ""
+    assert configs.wgmma_declines(hi, 1 << 16, 1024, sms) != ""  # K = 1024
+    rows = configs.WGMMA_WIDE_ROWS_PER_CTA
+    assert configs.wgmma_declines(hi, rows * sms, 4096, sms) == ""
+    assert configs.wgmma_declines(hi, rows * sms + 8, 4096, sms) != ""  # a second wave of CTAs
+    # the measured shapes (results/h200/bench_linear_wide_small_m_0474fb7.json)
+    assert configs.wgmma_wide_layer(28672, 4096, sms) and configs.wgmma_wide_layer(27648, 5120, sms)
+    for n, k in ((14336, 4096), (37888, 3584), (4096, 4096), (4096, 14336), (6144, 4096), (6912, 2560)):
+        assert not configs.wgmma_wide_layer(n, k, sms), (n, k)
     mid_n = configs.WGMMA_MID_MIN_NK // 1024
     mid_k = configs.WGMMA_SMALL_M_MIN_K
-    assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k, mid_k) == ""
-    assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k - 8, mid_k) != ""
-    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n, 1024) != ""  # large enough, but K = 1024
-    assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K) == ""
-    assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K - 128) != ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k, mid_k, sms) == ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, configs.WGMMA_MID_MIN_NK // mid_k - 8, mid_k, sms) != ""
+    assert configs.wgmma_declines(configs.WGMMA_MID_M, mid_n, 1024, sms) != ""  # large enough, but K = 1024
+    assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K, sms) == ""
+    assert configs.wgmma_declines(configs.WGMMA_SMALL_M, 1024, configs.WGMMA_SMALL_M_MIN_K - 128, sms) != ""
     big_n = configs.WGMMA_LARGE_MIN_NK // 4096
-    assert configs.wgmma_declines(configs.WGMMA_MAX_M, big_n, 4096) == ""
-    assert configs.wgmma_declines(configs.WGMMA_MAX_M + 1, big_n, 4096) != ""
-    assert configs.wgmma_declines(configs.WGMMA_SMALL_M + 1, big_n - 8, 4096) != ""
+    assert configs.wgmma_declines(configs.WGMMA_MAX_M, big_n, 4096, sms) == ""
+    assert configs.wgmma_declines(configs.WGMMA_MAX_M + 1, big_n, 4096, sms) != ""
+    assert configs.wgmma_declines(configs.WGMMA_SMALL_M + 1, big_n - 8, 4096, sms) != ""
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):

@@ -266,8 +266,9 @@ def test_linear_cuda_wgmma_equals_f_linear_on_dequantized_weights_in_fp32_sums()
 
 
 def test_linear_cuda_wgmma_takes_large_layers_on_hopper():
-    """The dispatcher's choice around cuda_wgmma's bucket, on a layer its shape rules take from M = 9."""
-    from ternop.cuda import cuda_ext
+    """The dispatcher's choice around cuda_wgmma's bucket, on a layer its shape rule takes from M = 17
+    and on one it takes from M = 9."""
+    from ternop.cuda import configs, cuda_ext
 
     v1, scale = _weights(14336, 4096)
     packed = layouts.repack(v1, "a16")
@@ -276,15 +277,16 @@ def test_linear_cuda_wgmma_takes_large_layers_on_hopper():
     if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
         pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
     chosen = {m: backends.select(_call(x.new_zeros(m, 4096), packed, scale, layout="a16")).name
-              for m in (8, 9, 16, 17, 64, 65, 2048, 2049)}  # fmt: skip
-    assert chosen == {8: "cuda_mma", 9: "cuda_wgmma", 16: "cuda_wgmma", 17: "cuda_wgmma", 64: "cuda_wgmma",
-                      65: "cuda_wgmma", 2048: "cuda_wgmma", 2049: "cuda_dequant"}, chosen
-    # Below M = 17 only the wide layers (N >= 3K) leave cuda_mma; 4096 x 4096 keeps it up to M = 16.
-    square, square_scale = _weights(4096, 4096)
-    square = layouts.repack(square, "a16")
-    chosen = {m: backends.select(_call(x.new_zeros(m, 4096), square, square_scale, layout="a16")).name
-              for m in (9, 16, 17)}  # fmt: skip
-    assert chosen == {9: "cuda_mma", 16: "cuda_mma", 17: "cuda_wgmma"}, chosen
+              for m in (9, 16, 17, 64, 65, 2048, 2049)}  # fmt: skip
+    assert chosen == {9: "cuda_mma", 16: "cuda_mma", 17: "cuda_wgmma", 64: "cuda_wgmma", 65: "cuda_wgmma",
+                      2048: "cuda_wgmma", 2049: "cuda_dequant"}, chosen
+    # From M = 9 the wide up-projections whose CTAs fill one wave leave cuda_mma (configs.wgmma_wide_layer).
+    wide, wide_scale = _weights(28672, 4096)
+    wide = layouts.repack(wide, "a16")
+    chosen = {m: backends.select(_call(x.new_zeros(m, 4096), wide, wide_scale, layout="a16")).name
+              for m in (8, 9, 16)}  # fmt: skip
+    want = "cuda_wgmma" if configs.wgmma_wide_layer(28672, 4096, configs.sm_count(x.device)) else "cuda_mma"
+    assert chosen == {8: "cuda_mma", 9: want, 16: want}, chosen
 
 
 def test_linear_cuda_mma_tiles_meets_cuda_mma_at_m16():
@@ -338,7 +340,8 @@ def test_linear_cuda_mma_tiles_takes_m_17_to_64():
 
     # 1152 x 1024 is below cuda_wgmma's shape rule on Hopper too: K = 1024 < 2048.
     hopper = torch.cuda.get_device_capability() == (9, 0) and cuda_ext.wgmma_built()
-    above = "cuda_wgmma" if hopper and not configs.wgmma_declines(65, 1152, 1024) else "triton_a16"
+    declines = configs.wgmma_declines(65, 1152, 1024, configs.sm_count(x.device))
+    above = "cuda_wgmma" if hopper and not declines else "triton_a16"
     assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: above}, chosen
 
 
