@@ -183,14 +183,21 @@ def _batches(tokenizer, texts, seq_len: int, max_tokens: int, batch_size: int):
 
 
 def _groups(model, linears: dict[str, nn.Linear], batch) -> list[list[str]]:
-    """Target linears in execution order, grouped by shared input tensor (q/k/v read the same x)."""
-    order, seen_input = [], {}
+    """Target linears in execution order, grouped by shared input tensor (q/k/v read the same x).
+
+    Inputs are told apart by address and version counter while every input is held: a freed
+    input's address can come back for the next layer's (the CUDA caching allocator hands it out at
+    once), and an input changed in place keeps its address. Either way the two layers would share
+    one Hessian that belongs to neither.
+    """
+    order, seen_input, held = [], {}, []
     handles = []
     for name, module in linears.items():
 
         def hook(mod, args, name=name):
             if name not in seen_input:
-                seen_input[name] = args[0].data_ptr()
+                held.append(args[0])
+                seen_input[name] = (args[0].data_ptr(), args[0]._version, tuple(args[0].shape))
                 order.append(name)
 
         handles.append(module.register_forward_pre_hook(hook))
@@ -200,6 +207,7 @@ def _groups(model, linears: dict[str, nn.Linear], batch) -> list[list[str]]:
     finally:
         for h in handles:
             h.remove()
+    held.clear()
     groups: list[list[str]] = []
     for name in order:
         if groups and seen_input[groups[-1][0]] == seen_input[name]:

@@ -178,3 +178,27 @@ def test_quantize_calib_tokens_sets_how_much_text_calibration_reads(tiny_fp, tmp
     optimal = ["quantize", str(tiny_fp), str(tmp_path / "opt"), "--calib-tokens", "64", "--quiet"]
     assert main(optimal) == 2
     assert "--calib-tokens applies to --method calibrated" in capsys.readouterr().err
+
+
+def test_groups_split_layers_whose_inputs_only_share_an_address():
+    """q/k/v read one tensor and share a Hessian; two layers that read the same buffer before and
+    after it changed in place (or a freed input's address handed out again, as the CUDA caching
+    allocator does at once) must not: the second would get the first's Hessian, of the wrong size
+    where their widths differ."""
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)
+            self.later = torch.nn.Linear(128, 128)
+
+        def forward(self, input_ids):
+            buf = input_ids.clone()
+            y = self.q(buf) + self.k(buf)  # one input, one group
+            buf.mul_(2).add_(y)  # the same storage, new values
+            return self.later(buf)
+
+    model = Model()
+    linears = {"q": model.q, "k": model.k, "later": model.later}
+    groups = calibrate._groups(model, linears, {"input_ids": torch.randn(4, 128)})
+    assert groups == [["q", "k"], ["later"]]
