@@ -108,8 +108,9 @@ _BIG = 1 << 62
 #   (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
 #   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
 #   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
-# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 17 where the layer is large enough
-#   (wgmma_declines below, which cites the M = 17..64 sweep): benchmarks/sweep_tiles.py --kernel
+# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 17 where the layer is large enough, and from
+#   M = 9 on the widest up-projections (wgmma_declines below, which cites the M = 9..16 and
+#   M = 17..64 measurements): benchmarks/sweep_tiles.py --kernel
 #   wgmma at b6c4a88 (results/h200/sweep_wgmma.json), best tile against cuBLAS bf16 on the eight shapes:
 #   M = 65..128: 0.77-1.26x where K >= 2048 (triton_a16: 0.55-0.89x), but 0.47-0.65x at K = 1024;
 #   M = 256..2048: 0.81-1.0x where N * K >= 2^25 (cuda_dequant: 0.57-0.91x), 0.44-0.9x on

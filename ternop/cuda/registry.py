@@ -5,7 +5,7 @@ Order (lower priority first):
 | backend | what | activations | layouts |
 |---|---|---|---|
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
-| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 | fp16/bf16 | v1, a16 |
+| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``) | fp16/bf16 | v1, a16 |
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
