@@ -339,7 +339,8 @@ def _shape_list(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(f"shapes are KxN[,KxN...], not {text!r}") from None
     bad = [f"{k}x{n}" for k, n in shapes if k % 128 or k < 128 or n < 1]
     if bad or any(len(s) != 2 for s in shapes):
-        raise argparse.ArgumentTypeError(f"K must be a positive multiple of 128 and N positive: {', '.join(bad) or text}")
+        raise argparse.ArgumentTypeError(
+            f"K must be a positive multiple of 128 and N positive: {', '.join(bad) or text}")
     return shapes
 
 

@@ -391,7 +391,8 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("cuda_wgmma", call, "wgmma"))  # fmt: skip
     if why:
         return False, why
-    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k, configs.sm_count(call.x.device))
+    sms = configs.sm_count(call.x.device)
+    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k, sms)
     if why:
         return False, why
     ok, why = _cuda_ext_ready(call, ("a16",))

@@ -144,8 +144,8 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_9(monkeypatch):
     assert "M=4096" in can(call(4096))[1]
     assert "layout 'v1'" in can(call(128, layout="v1"))[1]
     assert "float32" in can(call(128, dtype=torch.float32))[1]
-    for m, k, n in ((9, 4096, 28672), (16, 5120, 27648), (17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024), (128, 4096, 4096), (256, 4096, 14336),
-                    (2048, 14336, 4096)):
+    for m, k, n in ((9, 4096, 28672), (16, 5120, 27648), (17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024),
+                    (128, 4096, 4096), (256, 4096, 14336), (2048, 14336, 4096)):
         ok, why = can(call(m, k, n))
         assert ok or "extension not built" in why, (m, k, n, why)  # built on a GPU machine
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
