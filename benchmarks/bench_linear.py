@@ -337,10 +337,11 @@ def _shape_list(text: str) -> list[tuple[int, int]]:
         shapes = [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
     except ValueError:
         raise argparse.ArgumentTypeError(f"shapes are KxN[,KxN...], not {text!r}") from None
+    if any(len(s) != 2 for s in shapes):
+        raise argparse.ArgumentTypeError(f"shapes are KxN[,KxN...], not {text!r}")
     bad = [f"{k}x{n}" for k, n in shapes if k % 128 or k < 128 or n < 1]
-    if bad or any(len(s) != 2 for s in shapes):
-        raise argparse.ArgumentTypeError(
-            f"K must be a positive multiple of 128 and N positive: {', '.join(bad) or text}")
+    if bad:
+        raise argparse.ArgumentTypeError(f"K must be a positive multiple of 128 and N positive: {', '.join(bad)}")
     return shapes
 
 
