@@ -12,6 +12,10 @@ import torch
 from ternop.vllm_plugin import linear_methods
 
 MAX_TOKENS = 8
+NEAR_TIE = 0.05
+"""A greedy step whose best two logits are closer than this is a near-tie. With int8 activations a last-bit
+float difference between two devices can round one activation to the next int8 value, and that can swap two
+near-tied tokens: on an H200 the BitNet test model chose transformers' runner-up (on the CPU) at a gap of 0.013."""
 
 
 def prompt_ids(path: str | Path) -> list[list[int]]:
@@ -76,6 +80,35 @@ def hf_generate(model, prompts) -> list[list[int]]:
                 ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
             out.append(ids[len(p):])
     return out
+
+
+@torch.no_grad()
+def hf_greedy_steps(model, prompts) -> list[list[tuple[int, int, float]]]:
+    """Per prompt, per greedy step (as hf_generate): (transformers' token, its runner-up, the logit gap)."""
+    out = []
+    with torch.compiler.set_stance("force_eager"):
+        for p in prompts:
+            ids, steps = list(p), []
+            for _ in range(MAX_TOKENS):
+                top = model(torch.tensor([ids])).logits[0, -1].double().topk(2)
+                steps.append((int(top.indices[0]), int(top.indices[1]), float(top.values[0] - top.values[1])))
+                ids.append(steps[-1][0])
+            out.append(steps)
+    return out
+
+
+def assert_greedy_tokens(got: list[list[int]], steps: list[list[tuple[int, int, float]]], near_tie: float = NEAR_TIE):
+    """vLLM's greedy tokens equal transformers', or first differ at a near-tie (gap < near_tie) where vLLM took
+    the runner-up; after that step the two sequences follow different prefixes and are not compared."""
+    assert len(got) == len(steps)
+    for i, (tokens, ref) in enumerate(zip(got, steps)):
+        assert len(tokens) == len(ref), (i, tokens)
+        for t, (token, (best, second, gap)) in enumerate(zip(tokens, ref)):
+            if token != best:
+                assert token == second and gap < near_tie, (
+                    f"prompt {i} step {t}: vLLM chose {token}, transformers {best} (runner-up {second}, "
+                    f"{gap:.3g} behind); vLLM {tokens}, transformers {[s[0] for s in ref]}")
+                break
 
 
 @torch.no_grad()
