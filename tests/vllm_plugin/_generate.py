@@ -69,17 +69,9 @@ def vllm_generate(path, prompts, *, eager: bool, logprobs: bool = False, **kwarg
     return tokens, methods, tables
 
 
-@torch.no_grad()
 def hf_generate(model, prompts) -> list[list[int]]:
     """transformers' greedy choice, MAX_TOKENS steps per prompt, EOS not special (as vLLM's ignore_eos)."""
-    out = []
-    with torch.compiler.set_stance("force_eager"):
-        for p in prompts:
-            ids = list(p)
-            for _ in range(MAX_TOKENS):
-                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-            out.append(ids[len(p):])
-    return out
+    return [[token for token, _, _ in steps] for steps in hf_greedy_steps(model, prompts)]
 
 
 @torch.no_grad()
@@ -90,9 +82,11 @@ def hf_greedy_steps(model, prompts) -> list[list[tuple[int, int, float]]]:
         for p in prompts:
             ids, steps = list(p), []
             for _ in range(MAX_TOKENS):
-                top = model(torch.tensor([ids])).logits[0, -1].double().topk(2)
-                steps.append((int(top.indices[0]), int(top.indices[1]), float(top.values[0] - top.values[1])))
-                ids.append(steps[-1][0])
+                logits = model(torch.tensor([ids])).logits[0, -1].double()
+                best = int(logits.argmax())
+                second = int(logits.index_fill(0, torch.tensor([best]), float("-inf")).argmax())
+                steps.append((best, second, float(logits[best] - logits[second])))
+                ids.append(best)
             out.append(steps)
     return out
 
