@@ -104,19 +104,20 @@ _BIG = 1 << 62
 #   shapes, where N / 16 CTAs each re-read x.
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
 # - cuda_mma_tiles (a16 layout) from M = 17 to 64 on the layers cuda_wgmma leaves (N * K < 2^24 or
-#   K < 2048: every layer of the 0.6B model): benchmarks/sweep_tiles.py at 9d4cebf
-#   (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
+#   K < 2048, and from M = 33 only the K = 1024 layers with N * K < 2^22): benchmarks/sweep_tiles.py at
+#   9d4cebf (results/h200/sweep_tiles.json) gives 0.93-1.45x at M = 17..32 on the eight shapes and
 #   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
 #   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
-# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 17 where the layer is large enough, and from
-#   M = 9 on the widest up-projections (wgmma_declines below, which cites the M = 9..16 and
-#   M = 17..64 measurements): benchmarks/sweep_tiles.py --kernel
-#   wgmma at b6c4a88 (results/h200/sweep_wgmma.json), best tile against cuBLAS bf16 on the eight shapes:
-#   M = 65..128: 0.77-1.26x where K >= 2048 (triton_a16: 0.55-0.89x), but 0.47-0.65x at K = 1024;
-#   M = 256..2048: 0.81-1.0x where N * K >= 2^25 (cuda_dequant: 0.57-0.91x), 0.44-0.9x on
-#   smaller layers, which keep the older kernels. Above M = 2048 cuda_dequant (0.9-1.0x) stays.
-# - triton_a16 from M = 65 to 128 (and 17..64 for v1 weights), with split-K: single programs
-#   walking all of K were latency-bound (v2 against v1 of the sweep).
+# - cuda_wgmma (Hopper wgmma, a16 layout) from M = 17 where the layer is large enough, from
+#   M = 9 on the widest up-projections, every layer at M = 65..256, and above that the K = 1024
+#   layers up to M = 512 and the large ones up to M = 2048 (wgmma_declines below, which cites the
+#   measurements): benchmarks/sweep_tiles.py --kernel wgmma at b6c4a88 (results/h200/sweep_wgmma.json),
+#   best tile against cuBLAS bf16 on the eight shapes: M = 65..128: 0.77-1.26x where K >= 2048
+#   (triton_a16: 0.55-0.89x), but 0.47-0.65x at K = 1024 with the tiles chosen then (0.59-0.78x with
+#   the tile rule of af5f740's sweep); M = 256..2048: 0.81-1.0x where N * K >= 2^25 (cuda_dequant:
+#   0.57-0.91x). Above M = 2048 cuda_dequant (0.9-1.0x) stays.
+# - triton_a16 from M = 65 (17 for v1 weights) where cuda_wgmma cannot run (v1 weights, other GPUs),
+#   with split-K: single programs walking all of K were latency-bound (v2 against v1 of the sweep).
 # - dequant_cublas from M = 256 (MIN_M): 0.64x, 0.71x, 0.81x, 0.88x at M = 256..2048,
 #   against 0.50x and below for the fused GEMM, which waits on every MMA. cuda_dequant does the
 #   same work from one C++ op (a CUDA dequantization kernel, then cuBLAS) and goes first: the
@@ -204,14 +205,25 @@ MIN_M: dict[str, dict[str, int]] = {
 }
 
 # Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_MID_M (one 64-token
-# tile) the layers with N * K >= WGMMA_MID_MIN_NK and K >= WGMMA_SMALL_M_MIN_K (the K = 1024 layers
-# were its slowest at every M measured), up to WGMMA_SMALL_M every layer with
-# K >= WGMMA_SMALL_M_MIN_K, and up to WGMMA_MAX_M the layers with N * K >= WGMMA_LARGE_MIN_NK.
+# tile) the layers with N * K >= WGMMA_MID_MIN_NK and K >= WGMMA_SMALL_M_MIN_K, and from
+# WGMMA_SHORT_K_MID_MIN_M the K = 1024 layers with N * K >= WGMMA_SHORT_K_MID_MIN_NK; up to
+# WGMMA_ALL_M every layer; up to WGMMA_SHORT_K_MAX_M the layers with K < WGMMA_SMALL_M_MIN_K, and
+# up to WGMMA_MAX_M the layers with N * K >= WGMMA_LARGE_MIN_NK.
 # M = 17..64: benchmarks/sweep_tiles.py --kernel wgmma --ms 8 16 24 32 48 64 at 8997d70
 # (results/h200/sweep_wgmma_small_m_8997d70.json), its 64-token tiles against cuBLAS bf16: 1.24-1.63x
 # on the four 8B shapes, where cuda_mma_tiles ran 1.17-1.50x at M = 32 and 0.72-1.03x at M = 64
 # (bench_linear.py --below-floors at the same commit, bench_linear_mid_m_below_floors_8997d70.json);
 # on the N = 1024 layers 0.86-1.14x, behind cuda_mma_tiles (0.95-1.35x at bc99b65), which keeps them.
+# M = 24..512 on the four 0.6B shapes, every backend forced (bench_linear.py --below-floors at
+# af5f740, results/h200/bench_linear_06b_mid_m_below_floors_af5f740.json, and the tiles in
+# sweep_wgmma_06b_af5f740.json): the dispatcher of that commit ran triton_a16 at M = 65..255 on the
+# K = 1024 layers (0.37-0.54x) and at M = 129..255 on the N = 1024 layers (0.20-0.23x, a hole:
+# cuda_wgmma declined them and cuda_dequant starts at 256), and cuda_dequant at 256..512
+# (0.60-0.73x). cuda_wgmma with the tile rule of ternary_wgmma.cu ran 0.59-0.90x on the K = 1024
+# layers at M = 96..512 and 0.76-1.04x on the N = 1024 layers at M = 96..256; at M = 48 and 64 on
+# 1024 -> 4096 and 1024 -> 6144 0.69-0.75x against cuda_mma_tiles' 0.58-0.70x (at M = 24
+# cuda_mma_tiles led, 0.86-0.89x against 0.77-0.78x). On the N = 1024 layers at M = 384 and 512
+# cuda_dequant stays ahead (0.69-0.71x against 0.57-0.69x).
 WGMMA_MID_M = 64
 WGMMA_MID_MIN_NK = 1 << 24
 # M = 9..16 (WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M, cuda_mma's largest M): one 64-token wgmma tile
@@ -229,8 +241,11 @@ WGMMA_WIDE_MAX_M = 16
 WGMMA_WIDE_N_OVER_K = 3
 WGMMA_WIDE_MIN_NK = 1 << 26
 WGMMA_WIDE_ROWS_PER_CTA = 256  # the auto tile's rows a CTA on layers this wide (ternary_wgmma.cu)
-WGMMA_SMALL_M = 128
+WGMMA_SHORT_K_MID_MIN_M = 33
+WGMMA_SHORT_K_MID_MIN_NK = 1 << 22
 WGMMA_SMALL_M_MIN_K = 2048
+WGMMA_ALL_M = 256
+WGMMA_SHORT_K_MAX_M = 512
 WGMMA_MAX_M = 2048
 WGMMA_LARGE_MIN_NK = 1 << 25
 
@@ -272,18 +287,21 @@ def wgmma_declines(m: int, n: int, k: int, sms: int) -> str:
     if m <= WGMMA_MID_M:
         if n * k >= WGMMA_MID_MIN_NK and k >= WGMMA_SMALL_M_MIN_K:
             return ""
-        return (f"M={m}, N * K = {n * k}, K={k}: up to M = {WGMMA_MID_M} cuda_wgmma runs layers with "
-                f"N * K >= {WGMMA_MID_MIN_NK} and K >= {WGMMA_SMALL_M_MIN_K}; cuda_mma_tiles is faster "
-                f"on smaller ones")
-    if m <= WGMMA_SMALL_M:
-        if k >= WGMMA_SMALL_M_MIN_K:
+        if m >= WGMMA_SHORT_K_MID_MIN_M and k < WGMMA_SMALL_M_MIN_K and n * k >= WGMMA_SHORT_K_MID_MIN_NK:
             return ""
-        return (f"K={k} is below {WGMMA_SMALL_M_MIN_K}, where cuda_wgmma is slower than triton_a16 "
-                f"at M <= {WGMMA_SMALL_M}")
+        return (f"M={m}, N * K = {n * k}, K={k}: up to M = {WGMMA_MID_M} cuda_wgmma runs layers with "
+                f"N * K >= {WGMMA_MID_MIN_NK} and K >= {WGMMA_SMALL_M_MIN_K}, and from M = "
+                f"{WGMMA_SHORT_K_MID_MIN_M} those with K < {WGMMA_SMALL_M_MIN_K} and N * K >= "
+                f"{WGMMA_SHORT_K_MID_MIN_NK}; cuda_mma_tiles is faster on the others")
+    if m <= WGMMA_ALL_M:
+        return ""
+    if m <= WGMMA_SHORT_K_MAX_M and k < WGMMA_SMALL_M_MIN_K:
+        return ""
     if m <= WGMMA_MAX_M and n * k >= WGMMA_LARGE_MIN_NK:
         return ""
-    return (f"M={m}, N * K = {n * k}: cuda_wgmma runs M <= {WGMMA_SMALL_M} (K >= {WGMMA_SMALL_M_MIN_K}) and "
-            f"M <= {WGMMA_MAX_M} (N * K >= {WGMMA_LARGE_MIN_NK}); the dequantizing path is faster here")
+    return (f"M={m}, N={n}, K={k}: above M = {WGMMA_ALL_M} cuda_wgmma runs layers with K < "
+            f"{WGMMA_SMALL_M_MIN_K} up to M = {WGMMA_SHORT_K_MAX_M} and layers with N * K >= "
+            f"{WGMMA_LARGE_MIN_NK} up to M = {WGMMA_MAX_M}; the dequantizing path is faster here")
 
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}

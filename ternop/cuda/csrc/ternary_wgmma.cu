@@ -419,23 +419,36 @@ int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * c
 
 // The tile for a call when none is forced, from the H200 sweeps (benchmarks/sweep_tiles.py
 // --kernel wgmma). Above M = 256 the 256-token tile where its CTAs fill the GPU, else the
-// 128-token one; M = 65..256 the 128-token tile, unless it would leave fewer than 16 CTAs (N = 1024
-// layers), where the 64-token tile doubles them (results/h200/sweep_wgmma.json). Up to M = 64 one
-// 64-token tile holds every token, and the 128-token tile only adds MMAs on zero rows: 128 weight
-// rows a CTA, or 256 (tile 3) where 128-row CTAs would need a second wave
-// (results/h200/sweep_wgmma_small_m_8997d70.json: on 4096 -> 28672 tile 3 ran 1.51-1.63x of cuBLAS
-// bf16 at M = 8..64 against 1.29-1.38x for tile 0 and 0.79-1.01x for the 128-token tile).
-int auto_wgmma_tile(int M, int N, int sms) {
+// 128-token one; M = 65..256 the 128-token tile, unless it would leave at most 16 CTAs (N = 1024
+// layers), where the 64-token tile doubles them (results/h200/sweep_wgmma.json; at M = 192 and 256
+// on 2048 -> 1024 and 3072 -> 1024 it ran 0.76-0.83x of cuBLAS bf16 against 0.70-0.82x,
+// results/h200/sweep_wgmma_06b_af5f740.json). Up to M = 64 one 64-token tile holds every token,
+// and the 128-token tile only adds MMAs on zero rows: 128 weight rows a CTA, or 256 (tile 3) where
+// 128-row CTAs would need a second wave (results/h200/sweep_wgmma_small_m_8997d70.json: on
+// 4096 -> 28672 tile 3 ran 1.51-1.63x of cuBLAS bf16 at M = 8..64 against 1.29-1.38x for tile 0
+// and 0.79-1.01x for the 128-token tile).
+// K = 1024 layers at M = 65..512 (kShortK): a CTA walks only 8 scale blocks, so its prologue and
+// epilogue weigh, and a second wave or a split of K costs more than it saves. There the tile of
+// 128 weight rows with the most CTAs that still fit one wave wins: 0.59-0.90x on 1024 -> 4096 and
+// 1024 -> 6144 where the rule above ran 0.52-0.81x (sweep_wgmma_06b_af5f740.json).
+constexpr int kShortK = 1024;
+constexpr int kShortKMaxM = 512;
+
+int auto_wgmma_tile(int M, int N, int K, int sms) {
+  if (K <= kShortK && M > 64 && M <= kShortKMaxM) {
+    for (int t = 0; t < 2; ++t)
+      if (ctas_of(t, M, N) <= sms) return t;
+    return 2;
+  }
   if (M > 256) return ctas_of(2, M, N) >= sms ? 2 : 1;
-  if (M > 64) return ctas_of(1, M, N) < 16 ? 0 : 1;
+  if (M > 64) return ctas_of(1, M, N) <= 16 ? 0 : 1;
   return ctas_of(0, M, N) > sms ? 3 : 0;
 }
 
 }  // namespace
 
 int ternary_wgmma_tile(int M, int N, int K, int sms, int tile) {
-  (void)K;
-  return tile >= 0 && tile < kWgTiles ? tile : auto_wgmma_tile(M, N, sms);
+  return tile >= 0 && tile < kWgTiles ? tile : auto_wgmma_tile(M, N, K, sms);
 }
 
 // Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave, one CTA an SM
