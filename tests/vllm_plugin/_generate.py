@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ternop.vllm_plugin import linear_methods
+from tests.vllm_plugin._llm import engine_args
 
 MAX_TOKENS = 8
 NEAR_TIE = 0.05
@@ -46,7 +47,7 @@ def vllm_generate(path, prompts, *, eager: bool, logprobs: bool = False, **kwarg
 
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     llm = LLM(model=str(path), dtype="float32", max_model_len=128, enforce_eager=eager, seed=0,
-              max_logprobs=vocab if logprobs else 20, **kwargs)  # fmt: skip
+              max_logprobs=vocab if logprobs else 20, **engine_args(**kwargs))  # fmt: skip
     try:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                                 prompt_logprobs=vocab if logprobs else None)
