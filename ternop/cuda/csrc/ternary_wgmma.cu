@@ -63,6 +63,25 @@ struct Wgmma;
 #if TERNOP_HAS_WGMMA
 // The fp16 and bf16 forms of a size differ only in the operand type of the instruction, so each
 // size is written once, as a macro, and instantiated for both.
+#define TERNOP_WGMMA_32(T, AB) \
+template <> \
+struct Wgmma<T, 32> { \
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[16], const uint32_t (&a)[4], uint64_t desc) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB " " \
+        "{" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)); \
+  } \
+};
+TERNOP_WGMMA_32(__half, "f16")
+TERNOP_WGMMA_32(__nv_bfloat16, "bf16")
+#undef TERNOP_WGMMA_32
+
 #define TERNOP_WGMMA_64(T, AB) \
 template <> \
 struct Wgmma<T, 64> { \
@@ -376,13 +395,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight>; a CTA owns
-// 128 MT weight rows.
+// 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with fewer 128-row
+// tiles than SMs, where tile 0 splits K and adds a reduction launch (1024 -> 4096 at M = 65..128);
+// auto_wgmma_tile does not pick it until a sweep has timed it.
 using WgTile0 = WgTile<64, 1, 6, 4>;
 using WgTile1 = WgTile<128, 1, 5, 4>;
 using WgTile2 = WgTile<256, 1, 3, 4>;
 using WgTile3 = WgTile<64, 2, 6, 4>;
 using WgTile4 = WgTile<128, 2, 4, 4>;
-constexpr int kWgTiles = 5;
+using WgTile5 = WgTile<32, 1, 8, 4>;
+constexpr int kWgTiles = 6;
 
 struct WgShape {
   int rows, tokens;
@@ -392,7 +414,7 @@ constexpr WgShape wg_shape() {
   return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>()};
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
 template <typename T, typename Cfg>
 cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
@@ -483,7 +505,8 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
       case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
       case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
       case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
     }
   });
 }
