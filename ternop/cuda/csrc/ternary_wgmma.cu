@@ -449,15 +449,16 @@ int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * c
 // 128-row CTAs would need a second wave (results/h200/sweep_wgmma_small_m_8997d70.json: on
 // 4096 -> 28672 tile 3 ran 1.51-1.63x of cuBLAS bf16 at M = 8..64 against 1.29-1.38x for tile 0
 // and 0.79-1.01x for the 128-token tile).
-// K = 1024 layers at M = 65..512 (kShortK): a CTA walks only 8 scale blocks, so its prologue and
-// epilogue weigh, and a second wave or a split of K costs more than it saves. There the tile of
-// 128 weight rows with the most CTAs that still fit one wave wins: 0.59-0.90x on 1024 -> 4096 and
+// Short-K layers at M = 65..512 (K below kLongK, the bound configs.py's WGMMA_SMALL_M_MIN_K also
+// draws; measured on K = 1024): a CTA walks at most 15 scale blocks, so its prologue and epilogue
+// weigh, and a second wave or a split of K costs more than it saves. There the tile of 128 weight
+// rows with the most CTAs that still fit one wave wins: 0.59-0.90x on 1024 -> 4096 and
 // 1024 -> 6144 where the rule above ran 0.52-0.81x (sweep_wgmma_06b_af5f740.json).
-constexpr int kShortK = 1024;
+constexpr int kLongK = 2048;
 constexpr int kShortKMaxM = 512;
 
 int auto_wgmma_tile(int M, int N, int K, int sms) {
-  if (K <= kShortK && M > 64 && M <= kShortKMaxM) {
+  if (K < kLongK && M > 64 && M <= kShortKMaxM) {
     for (int t = 0; t < 2; ++t)
       if (ctas_of(t, M, N) <= sms) return t;
     return 2;
