@@ -33,15 +33,23 @@
 // decodes step s + 1 while the wgmmas of up to kDepth - 1 earlier steps run; wait_group
 // kDepth - 1 after each commit frees the set that the next step overwrites.
 //
-// Split-K. When the output tiles cannot fill the GPU (narrow layers, small M), CTAs take ranges
-// of scale blocks (blockIdx.z), write fp32 partials [S, M, N], and split_k_reduce_kernel adds
-// them in a fixed order.
+// Split-K. When the output tiles cannot fill the GPU (narrow layers, small M), the S CTAs of an
+// output tile take ranges of scale blocks (blockIdx.z) and form one thread-block cluster; each
+// leaves its fp32 sums in its shared memory, and after a cluster barrier each adds 1/S of the
+// tile's tokens over the S CTAs' shared memory (distributed shared memory), in rank order, and
+// stores them (cluster_reduce_store). No fp32 partials go through global memory and no second
+// kernel runs: the reduction kernel that did this before cost a launch and a pass over
+// [S, M, N] fp32 on every split call.
 //
 // Epilogue. The accumulators (plus the bias) go through the freed stages as a [tokens x rows]
 // tile and leave in 16-byte stores along each token's row (store_tile).
 //
 // Tokens past M read as zero (TMA) and rows past N read the last row's codes; their outputs are
 // never written.
+
+#include <atomic>
+
+#include <cooperative_groups.h>
 
 #include "ternary_a16.cuh"
 #include "ternary_wgmma.cuh"
@@ -214,14 +222,16 @@ __device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const C
 }
 
 // The epilogue: the CTA's accumulators (plus the bias, for a final output) go through shared
-// memory as a [BT tokens x kRows rows] tile of E (x's dtype, or fp32 for a split-K partial), so
-// that they leave in 16-byte stores along each token's row of dst [M, N] instead of scattered
-// 2-byte ones. Rows are padded by 16 bytes: the fragment writes fall in distinct banks.
+// memory as a [BT tokens x kRows rows] tile of E (x's dtype, or fp32 for a split of K), so that
+// they leave in 16-byte stores along each token's row of out [M, N] instead of scattered 2-byte
+// ones. Rows are padded by 16 bytes: the fragment writes fall in distinct banks.
+template <typename E, typename Cfg>
+constexpr int kTilePitch = Cfg::kRows * static_cast<int>(sizeof(E)) + 16;
+
 template <typename E, typename Cfg, typename T, int R>
-__device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg::MT][R], const int (&row)[Cfg::MT],
-                                           int q, const T* __restrict__ bias, E* __restrict__ dst, int m0, int M,
-                                           int n0, int N) {
-  constexpr int kPitch = Cfg::kRows * static_cast<int>(sizeof(E)) + 16;
+__device__ __forceinline__ void stage_tile(uint8_t* tile, const float (&acc)[Cfg::MT][R], const int (&row)[Cfg::MT],
+                                           int q, const T* __restrict__ bias, int n0, int N) {
+  constexpr int kPitch = kTilePitch<E, Cfg>;
   static_assert(Cfg::BT * kPitch <= Cfg::kStages * Cfg::kStageBytes, "the output tile fits in the stages");
 #pragma unroll
   for (int mt = 0; mt < Cfg::MT; ++mt)
@@ -245,28 +255,90 @@ __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg
           }
         }
     }
+}
+
+// Stores eight outputs of row n.. of token m from fp32 sums: 16 bytes where N allows.
+template <typename T>
+__device__ __forceinline__ void store8(T* __restrict__ out, int m, int n, int N, const float (&v)[8]) {
+  T* d = out + static_cast<int64_t>(m) * N + n;
+  if (N % 8 == 0) {
+    uint4 packed;
+    T* p = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = Fp<T>::from_float(v[e]);
+    *reinterpret_cast<uint4*>(d) = packed;
+  } else {
+    for (int e = 0; e < 8 && n + e < N; ++e) d[e] = Fp<T>::from_float(v[e]);
+  }
+}
+
+// A whole-K CTA: its tile of x's dtype, staged with the bias, leaves in 16-byte stores.
+template <typename Cfg, typename T, int R>
+__device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg::MT][R], const int (&row)[Cfg::MT],
+                                           int q, const T* __restrict__ bias, T* __restrict__ out, int m0, int M,
+                                           int n0, int N) {
+  stage_tile<T, Cfg, T>(tile, acc, row, q, bias, n0, N);
   __syncthreads();
-  constexpr int V = 16 / static_cast<int>(sizeof(E)), kChunks = Cfg::kRows / V;
-  const bool vector = N % V == 0;
+  constexpr int kPitch = kTilePitch<T, Cfg>, kChunks = Cfg::kRows / 8;
+  const bool vector = N % 8 == 0;
   for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += kThreads) {
     const int t = i / kChunks, c = i % kChunks;
-    const int m = m0 + t, n = n0 + c * V;
+    const int m = m0 + t, n = n0 + c * 8;
     if (m >= M || n >= N) continue;
     const uint8_t* src = tile + t * kPitch + c * 16;
-    E* d = dst + static_cast<int64_t>(m) * N + n;
+    T* d = out + static_cast<int64_t>(m) * N + n;
     if (vector) {
       *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
     } else {
-      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
+      for (int e = 0; e < 8 && n + e < N; ++e) d[e] = reinterpret_cast<const T*>(src)[e];
     }
   }
+}
+
+// A CTA of a split of K (one of the S = gridDim.z CTAs of a cluster, rank blockIdx.z): its fp32
+// tile is staged; after a cluster barrier it adds, for tokens [rank BT / S, (rank + 1) BT / S) of
+// the tile, the S CTAs' tiles in rank order through distributed shared memory (the order, and so
+// the rounding, of one fixed-order sum), then the bias, and stores. The second barrier keeps
+// every CTA's shared memory alive until the last reader is done.
+template <typename Cfg, typename T, int R>
+__device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float (&acc)[Cfg::MT][R],
+                                                     const int (&row)[Cfg::MT], int q, const T* __restrict__ bias,
+                                                     T* __restrict__ out, int m0, int M, int n0, int N) {
+#if TERNOP_HAS_WGMMA
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  stage_tile<float, Cfg, T>(tile, acc, row, q, nullptr, n0, N);
+  cluster.sync();
+  constexpr int kPitch = kTilePitch<float, Cfg>, kChunks = Cfg::kRows / 8;
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int per = Cfg::BT / splits;  // splits is a power of two up to 8, BT one of 32 and more
+  for (int i = threadIdx.x; i < per * kChunks; i += kThreads) {
+    const int t = rank * per + i / kChunks, c = i % kChunks;
+    const int m = m0 + t, n = n0 + c * 8;
+    if (m >= M || n >= N) continue;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.f;
+    for (int r = 0; r < splits; ++r) {
+      const float4* src = reinterpret_cast<const float4*>(cluster.map_shared_rank(tile + t * kPitch + c * 32, r));
+      const float4 a = src[0], b = src[1];
+      v[0] += a.x, v[1] += a.y, v[2] += a.z, v[3] += a.w, v[4] += b.x, v[5] += b.y, v[6] += b.z, v[7] += b.w;
+    }
+    if (bias != nullptr)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] += Fp<T>::to_float(bias[min(n + e, N - 1)]);
+    store8<T>(out, m, n, N, v);
+  }
+  cluster.sync();
+#endif
 }
 
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const uint8_t* __restrict__ wp,
-                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
-                         float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
+                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out, int M,
+                         int N, int K, int blocks_per_split) {
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
@@ -386,11 +458,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // every warp is done with the stages: they now hold the output tile
   uint8_t* tile = smem_raw + (base - raw);
-  if (partial != nullptr) {
-    store_tile<float, Cfg, T>(tile, acc, row, q, nullptr, partial + static_cast<int64_t>(blockIdx.z) * M * N, m0, M,
-                              n0, N);
+  if (gridDim.z > 1) {
+    cluster_reduce_store<Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
   } else {
-    store_tile<T, Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
+    store_tile<Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
   }
 }
 
@@ -416,9 +487,10 @@ constexpr WgShape wg_shape() {
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
+// The launch: a split of K (splits > 1) runs as clusters of `splits` CTAs along z.
 template <typename T, typename Cfg>
-cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
-                         float* workspace, int M, int N, int K, int splits, cudaStream_t stream) {
+cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out, int M,
+                         int N, int K, int splits, cudaStream_t stream) {
   auto kernel = ternary_wgmma_kernel<T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -427,12 +499,47 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   if (err != cudaSuccess) return err;
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;
-  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
-  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(x_map, wp, ws, bias, out, splits > 1 ? workspace : nullptr, M, N,
-                                                      K, per_split);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || splits == 1) return err;
-  return launch_split_k_reduce(workspace, bias, out, M, N, splits, stream);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = static_cast<unsigned>(splits);
+  config.attrs = &cluster;
+  config.numAttrs = splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, x_map, wp, ws, bias, out, M, N, K, per_split);
+}
+
+// How many clusters of `splits` CTAs of tile Cfg the current device runs at once (its GPCs bound
+// that below SMs / splits); 0 where it cannot run them.
+template <typename Cfg>
+int max_active_clusters(int splits) {
+  auto kernel = ternary_wgmma_kernel<__half, Cfg>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1, 1, splits);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = static_cast<unsigned>(splits);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();  // not a Hopper-class device, or not an sm_90a build
+    return 0;
+  }
+  return clusters;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -474,27 +581,58 @@ int ternary_wgmma_tile(int M, int N, int K, int sms, int tile) {
   return tile >= 0 && tile < kWgTiles ? tile : auto_wgmma_tile(M, N, K, sms);
 }
 
-// Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave, one CTA an SM
-// (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past one wave
-// gains nothing: twice the splits over two waves is the same time per SM, plus twice the fp32
-// partials, a prologue and an epilogue per CTA, and the reduction (the rule before doubled while
-// tiles * splits < sms, so 112 tiles on 132 SMs ran as 224 half-K CTAs in two waves).
-// linear_cuda.cpp sizes the fp32 workspace [splits, M, N] from it.
+namespace {
+
+// max_active_clusters per device, tile and split count (2, 4, 8), plus one; 0 until asked.
+constexpr int kMaxDevices = 64;
+std::atomic<int> cluster_cache[kMaxDevices][kWgTiles][3];
+
+int clusters_of(int tile, int splits) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  const int s = splits == 2 ? 0 : splits == 4 ? 1 : 2;
+  std::atomic<int>& slot = cluster_cache[device][tile][s];
+  int known = slot.load(std::memory_order_relaxed);
+  if (known > 0) return known - 1;
+  int n = 0;
+  switch (tile) {
+    case 0: n = max_active_clusters<WgTile0>(splits); break;
+    case 1: n = max_active_clusters<WgTile1>(splits); break;
+    case 2: n = max_active_clusters<WgTile2>(splits); break;
+    case 3: n = max_active_clusters<WgTile3>(splits); break;
+    case 4: n = max_active_clusters<WgTile4>(splits); break;
+    default: n = max_active_clusters<WgTile5>(splits); break;
+  }
+  slot.store(n + 1, std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace
+
+// Splits of K: the most (a power of two up to 8, the portable cluster size) whose CTAs still fit
+// in one wave, one CTA an SM (tiles * splits <= sms, and the device runs `tiles` clusters of that
+// size at once), each split keeping at least two scale blocks. Splitting past one wave gains
+// nothing: twice the splits over two waves is the same time per SM, plus a prologue and an
+// epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so 112
+// tiles on 132 SMs ran as 224 half-K CTAs in two waves).
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
-  const int64_t tiles = ctas_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N);
+  const int t = ternary_wgmma_tile(M, N, K, sms, tile);
+  const int64_t tiles = ctas_of(t, M, N);
   const int blocks = K / 128;
   int splits = 1;
-  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
+  while (splits < 8 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2 && clusters_of(t, 2 * splits) >= tiles)
+    splits *= 2;
   return splits;
 }
 
 // x: [M, K] with row stride ldx (elements, a multiple of 8), fp16 or bf16; wp: uint8 [N, K/4]
-// in the a16 layout; ws: fp16 [N, K/128]; bias [N] in x's dtype or nullptr; out [M, N];
-// workspace: fp32 [splits, M, N] when splits > 1. x, wp 16-byte aligned, K a multiple of 128.
+// in the a16 layout; ws: fp16 [N, K/128]; bias [N] in x's dtype or nullptr; out [M, N]; splits
+// from ternary_wgmma_splits (1, 2, 4 or 8). x, wp 16-byte aligned, K a multiple of 128.
 cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
-                                 const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
-                                 int tile, int sms, cudaStream_t stream) {
-  if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1) return cudaErrorInvalidValue;
+                                 const void* bias, void* out, int M, int N, int K, int splits, int tile, int sms,
+                                 cudaStream_t stream) {
+  if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1 || splits > 8 || (splits & (splits - 1)))
+    return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;  // the tensor map's base
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -502,12 +640,12 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
     switch (ternary_wgmma_tile(M, N, K, sms, tile)) {
-      case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
+      case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
+      case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
+      case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
+      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
+      default: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
     }
   });
 }
