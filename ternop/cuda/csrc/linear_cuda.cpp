@@ -32,7 +32,8 @@
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
 // layout; ternary_mma_tiles.cu) adds an fp32 workspace when it splits K; linear_cuda_wgmma takes the
 // same arguments and runs Hopper's wgmma (ternary_wgmma.cu, sm_90a builds only; its splits of K add
-// up inside thread-block clusters, without a workspace), and
+// up inside thread-block clusters where the device runs them in one wave, else through the
+// workspace), and
 // linear_cuda_wgmma_a8 is the W2A8 op's Hopper form (any M; ternary_wgmma_a8.cu). They allocate only through
 // the caching allocator and launch on the current stream, so they are safe inside CUDA graph
 // capture.
@@ -65,9 +66,10 @@ cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, cons
                                      const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
                                      int tile, cudaStream_t stream);
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile);
+bool ternary_wgmma_cluster_sums(int M, int N, int K, int sms, int tile, int splits);
 cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
-                                 const void* bias, void* out, int M, int N, int K, int splits, int tile, int sms,
-                                 cudaStream_t stream);
+                                 const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
+                                 int tile, int sms, cudaStream_t stream);
 cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                     const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
                                     int tile, int sms, cudaStream_t stream);
@@ -294,12 +296,12 @@ at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_pac
 
 // The shared body of the split-K a16 ops (mid and large M): x [M, K] fp16/bf16 with any row
 // stride that keeps rows 16-byte aligned, checks, the split count splits_of(M, N, K, sms), the fp32
-// workspace [splits, M, N] where the kernel sums its splits through global memory
-// (`with_workspace`), launch(code, bias, out, workspace, M, N, K, splits, sms) on the current stream.
-template <typename Splits, typename Launch>
+// workspace [splits, M, N] unless in_cluster(M, N, K, sms, splits) says the kernel adds its splits
+// on chip, launch(code, bias, out, workspace, M, N, K, splits, sms) on the current stream.
+template <typename Splits, typename InCluster, typename Launch>
 at::Tensor run_split_k(const char* op, const at::Tensor& x, const at::Tensor& weight_packed,
-                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, bool with_workspace,
-                       Splits&& splits_of, Launch&& launch) {
+                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, Splits&& splits_of,
+                       InCluster&& in_cluster, Launch&& launch) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.size(0) >= 1, op, ": x must be a 2-D CUDA tensor with M >= 1, got ",
               x.sizes());
   const int code = dtype_code(x.scalar_type());
@@ -319,7 +321,7 @@ at::Tensor run_split_k(const char* op, const at::Tensor& x, const at::Tensor& we
   const int splits = splits_of(m, n, k, sms);
   at::Tensor out = at::empty({M, N}, x.options());
   at::Tensor workspace;
-  if (splits > 1 && with_workspace) workspace = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
+  if (splits > 1 && !in_cluster(m, n, k, sms, splits)) workspace = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
   const cudaError_t err =
       launch(code, b, out.data_ptr(), workspace.defined() ? workspace.data_ptr<float>() : nullptr, m, n, k, splits, sms);
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
@@ -330,8 +332,9 @@ at::Tensor linear_cuda_mma_tiles(const at::Tensor& x, const at::Tensor& weight_p
                                  const std::optional<at::Tensor>& bias, int64_t tile) {
   const int t = static_cast<int>(tile);
   return run_split_k(
-      "ternop.linear_cuda_mma_tiles", x, weight_packed, weight_scale, bias, /*with_workspace=*/true,
+      "ternop.linear_cuda_mma_tiles", x, weight_packed, weight_scale, bias,
       [&](int M, int N, int K, int sms) { return ternop::ternary_mma_tiles_splits(M, N, K, sms, t); },
+      [](int, int, int, int, int) { return false; },
       [&](int code, const void* b, void* out, float* workspace, int M, int N, int K, int splits, int) {
         return ternop::launch_ternary_mma_tiles(x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
                                                 reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out,
@@ -343,12 +346,15 @@ at::Tensor linear_cuda_wgmma(const at::Tensor& x, const at::Tensor& weight_packe
                              const std::optional<at::Tensor>& bias, int64_t tile) {
   const int t = static_cast<int>(tile);
   return run_split_k(
-      "ternop.linear_cuda_wgmma", x, weight_packed, weight_scale, bias, /*with_workspace=*/false,
+      "ternop.linear_cuda_wgmma", x, weight_packed, weight_scale, bias,
       [&](int M, int N, int K, int sms) { return ternop::ternary_wgmma_splits(M, N, K, sms, t); },
-      [&](int code, const void* b, void* out, float*, int M, int N, int K, int splits, int sms) {
+      [&](int M, int N, int K, int sms, int splits) {
+        return ternop::ternary_wgmma_cluster_sums(M, N, K, sms, t, splits);
+      },
+      [&](int code, const void* b, void* out, float* workspace, int M, int N, int K, int splits, int sms) {
         return ternop::launch_ternary_wgmma(x.data_ptr(), x.stride(0), code, weight_packed.data_ptr<uint8_t>(),
-                                            reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out, M, N,
-                                            K, splits, t, sms, stream_of(x));
+                                            reinterpret_cast<const __half*>(weight_scale.data_ptr()), b, out,
+                                            workspace, M, N, K, splits, t, sms, stream_of(x));
       });
 }
 

@@ -34,12 +34,13 @@
 // kDepth - 1 after each commit frees the set that the next step overwrites.
 //
 // Split-K. When the output tiles cannot fill the GPU (narrow layers, small M), the S CTAs of an
-// output tile take ranges of scale blocks (blockIdx.z) and form one thread-block cluster; each
-// leaves its fp32 sums in its shared memory, and after a cluster barrier each adds 1/S of the
-// tile's tokens over the S CTAs' shared memory (distributed shared memory), in rank order, and
-// stores them (cluster_reduce_store). No fp32 partials go through global memory and no second
-// kernel runs: the reduction kernel that did this before cost a launch and a pass over
-// [S, M, N] fp32 on every split call.
+// output tile take ranges of scale blocks (blockIdx.z). Where the device can run all of them at
+// once as clusters of S CTAs, each cluster is one output tile: each CTA leaves its fp32 sums in
+// its shared memory, and after a cluster barrier each adds 1/S of the tile's tokens over the S
+// CTAs' shared memory (distributed shared memory), in rank order, and stores them
+// (cluster_reduce_store): no fp32 partials in global memory, no second kernel. Elsewhere (S = 16,
+// or GPCs too small for that many clusters) they write fp32 partials [S, M, N] and
+// split_k_reduce_kernel adds them in the same order.
 //
 // Epilogue. The accumulators (plus the bias) go through the freed stages as a [tokens x rows]
 // tile and leave in 16-byte stores along each token's row (store_tile).
@@ -223,7 +224,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const C
 
 // The epilogue: the CTA's accumulators (plus the bias, for a final output) go through shared
 // memory as a [BT tokens x kRows rows] tile of E (x's dtype, or fp32 for a split of K), so that
-// they leave in 16-byte stores along each token's row of out [M, N] instead of scattered 2-byte
+// they leave in 16-byte stores along each token's row of dst [M, N] instead of scattered 2-byte
 // ones. Rows are padded by 16 bytes: the fragment writes fall in distinct banks.
 template <typename E, typename Cfg>
 constexpr int kTilePitch = Cfg::kRows * static_cast<int>(sizeof(E)) + 16;
@@ -272,30 +273,31 @@ __device__ __forceinline__ void store8(T* __restrict__ out, int m, int n, int N,
   }
 }
 
-// A whole-K CTA: its tile of x's dtype, staged with the bias, leaves in 16-byte stores.
-template <typename Cfg, typename T, int R>
+// A CTA's tile of E (x's dtype with the bias for a whole-K CTA; fp32 for a split's partial
+// [M, N] slice), staged, leaves in 16-byte stores.
+template <typename E, typename Cfg, typename T, int R>
 __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg::MT][R], const int (&row)[Cfg::MT],
-                                           int q, const T* __restrict__ bias, T* __restrict__ out, int m0, int M,
+                                           int q, const T* __restrict__ bias, E* __restrict__ dst, int m0, int M,
                                            int n0, int N) {
-  stage_tile<T, Cfg, T>(tile, acc, row, q, bias, n0, N);
+  stage_tile<E, Cfg, T>(tile, acc, row, q, bias, n0, N);
   __syncthreads();
-  constexpr int kPitch = kTilePitch<T, Cfg>, kChunks = Cfg::kRows / 8;
-  const bool vector = N % 8 == 0;
+  constexpr int kPitch = kTilePitch<E, Cfg>, V = 16 / static_cast<int>(sizeof(E)), kChunks = Cfg::kRows / V;
+  const bool vector = N % V == 0;
   for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += kThreads) {
     const int t = i / kChunks, c = i % kChunks;
-    const int m = m0 + t, n = n0 + c * 8;
+    const int m = m0 + t, n = n0 + c * V;
     if (m >= M || n >= N) continue;
     const uint8_t* src = tile + t * kPitch + c * 16;
-    T* d = out + static_cast<int64_t>(m) * N + n;
+    E* d = dst + static_cast<int64_t>(m) * N + n;
     if (vector) {
       *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
     } else {
-      for (int e = 0; e < 8 && n + e < N; ++e) d[e] = reinterpret_cast<const T*>(src)[e];
+      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
     }
   }
 }
 
-// A CTA of a split of K (one of the S = gridDim.z CTAs of a cluster, rank blockIdx.z): its fp32
+// A CTA of a split of K summed in a cluster (one of its S = gridDim.z CTAs, rank blockIdx.z): its fp32
 // tile is staged; after a cluster barrier it adds, for tokens [rank BT / S, (rank + 1) BT / S) of
 // the tile, the S CTAs' tiles in rank order through distributed shared memory (the order, and so
 // the rounding, of one fixed-order sum), then the bias, and stores. The second barrier keeps
@@ -337,8 +339,8 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const uint8_t* __restrict__ wp,
-                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out, int M,
-                         int N, int K, int blocks_per_split) {
+                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
+                         float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
@@ -458,10 +460,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // every warp is done with the stages: they now hold the output tile
   uint8_t* tile = smem_raw + (base - raw);
-  if (gridDim.z > 1) {
+  if (partial != nullptr) {
+    store_tile<float, Cfg, T>(tile, acc, row, q, nullptr, partial + static_cast<int64_t>(blockIdx.z) * M * N, m0, M,
+                              n0, N);
+  } else if (gridDim.z > 1) {
     cluster_reduce_store<Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
   } else {
-    store_tile<Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
+    store_tile<T, Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
   }
 }
 
@@ -487,10 +492,11 @@ constexpr WgShape wg_shape() {
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
-// The launch: a split of K (splits > 1) runs as clusters of `splits` CTAs along z.
+// The launch: a split of K (splits > 1) runs as clusters of `splits` CTAs along z, or, given a
+// workspace, writes fp32 partials there and adds them in a second kernel.
 template <typename T, typename Cfg>
-cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out, int M,
-                         int N, int K, int splits, cudaStream_t stream) {
+cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __half* ws, const T* bias, T* out,
+                         float* workspace, int M, int N, int K, int splits, cudaStream_t stream) {
   auto kernel = ternary_wgmma_kernel<T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -510,8 +516,12 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = static_cast<unsigned>(splits);
   config.attrs = &cluster;
-  config.numAttrs = splits > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, x_map, wp, ws, bias, out, M, N, K, per_split);
+  const bool clustered = splits > 1 && workspace == nullptr;
+  config.numAttrs = clustered ? 1 : 0;
+  float* partial = splits > 1 ? workspace : nullptr;
+  err = cudaLaunchKernelEx(&config, kernel, x_map, wp, ws, bias, out, partial, M, N, K, per_split);
+  if (err != cudaSuccess || partial == nullptr) return err;
+  return launch_split_k_reduce(workspace, bias, out, M, N, splits, stream);
 }
 
 // How many clusters of `splits` CTAs of tile Cfg the current device runs at once (its GPCs bound
@@ -609,30 +619,37 @@ int clusters_of(int tile, int splits) {
 
 }  // namespace
 
-// Splits of K: the most (a power of two up to 8, the portable cluster size) whose CTAs still fit
-// in one wave, one CTA an SM (tiles * splits <= sms, and the device runs `tiles` clusters of that
-// size at once), each split keeping at least two scale blocks. Splitting past one wave gains
-// nothing: twice the splits over two waves is the same time per SM, plus a prologue and an
+// Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave, one CTA an SM
+// (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past one wave
+// gains nothing: twice the splits over two waves is the same time per SM, plus a prologue and an
 // epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so 112
-// tiles on 132 SMs ran as 224 half-K CTAs in two waves).
+// tiles on 132 SMs ran as 224 half-K CTAs in two waves). The splits add up inside clusters where
+// the device runs all `tiles` clusters of that size at once (ternary_wgmma_cluster_sums), else
+// through an fp32 workspace [splits, M, N] that linear_cuda.cpp allocates. Capping the splits at
+// what the clusters allow instead ran 4096 -> 4096 at M = 33..128 at 0.74-0.91x of cuBLAS bf16
+// where the workspace ran 0.93-1.28x (results/h200/bench_linear_mid_m_7cdd483.json).
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
-  const int t = ternary_wgmma_tile(M, N, K, sms, tile);
-  const int64_t tiles = ctas_of(t, M, N);
+  const int64_t tiles = ctas_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N);
   const int blocks = K / 128;
   int splits = 1;
-  while (splits < 8 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2 && clusters_of(t, 2 * splits) >= tiles)
-    splits *= 2;
+  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
   return splits;
 }
 
+bool ternary_wgmma_cluster_sums(int M, int N, int K, int sms, int tile, int splits) {
+  const int t = ternary_wgmma_tile(M, N, K, sms, tile);
+  return splits > 1 && splits <= 8 && clusters_of(t, splits) >= ctas_of(t, M, N);
+}
+
 // x: [M, K] with row stride ldx (elements, a multiple of 8), fp16 or bf16; wp: uint8 [N, K/4]
-// in the a16 layout; ws: fp16 [N, K/128]; bias [N] in x's dtype or nullptr; out [M, N]; splits
-// from ternary_wgmma_splits (1, 2, 4 or 8). x, wp 16-byte aligned, K a multiple of 128.
+// in the a16 layout; ws: fp16 [N, K/128]; bias [N] in x's dtype or nullptr; out [M, N];
+// splits from ternary_wgmma_splits; workspace: fp32 [splits, M, N] when splits > 1 and
+// ternary_wgmma_cluster_sums is false, else nullptr. x, wp 16-byte aligned, K a multiple of 128.
 cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
-                                 const void* bias, void* out, int M, int N, int K, int splits, int tile, int sms,
-                                 cudaStream_t stream) {
-  if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1 || splits > 8 || (splits & (splits - 1)))
-    return cudaErrorInvalidValue;
+                                 const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
+                                 int tile, int sms, cudaStream_t stream) {
+  if (M < 1 || N < 1 || K < 128 || K % 128 || ldx % 8 || splits < 1) return cudaErrorInvalidValue;
+  if (splits > 1 && workspace == nullptr && (splits > 8 || (splits & (splits - 1)))) return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;  // the tensor map's base
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -640,12 +657,12 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
     switch (ternary_wgmma_tile(M, N, K, sms, tile)) {
-      case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
-      case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
-      case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
-      case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
-      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
-      default: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, M, N, K, splits, stream);
+      case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+      default: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
     }
   });
 }
