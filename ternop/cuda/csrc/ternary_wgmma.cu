@@ -472,8 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight>; a CTA owns
 // 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with fewer 128-row
-// tiles than SMs, where tile 0 splits K and adds a reduction launch (1024 -> 4096 at M = 65..128);
-// auto_wgmma_tile does not pick it until a sweep has timed it.
+// tiles than SMs, where tile 0 would split K (auto_wgmma_tile: short-K layers at M = 33..64).
 using WgTile0 = WgTile<64, 1, 6, 4>;
 using WgTile1 = WgTile<128, 1, 5, 4>;
 using WgTile2 = WgTile<256, 1, 3, 4>;
@@ -570,11 +569,16 @@ int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * c
 // draws; measured on K = 1024): a CTA walks at most 15 scale blocks, so its prologue and epilogue
 // weigh, and a second wave or a split of K costs more than it saves. There the tile of 128 weight
 // rows with the most CTAs that still fit one wave wins: 0.59-0.90x on 1024 -> 4096 and
-// 1024 -> 6144 where the rule above ran 0.52-0.81x (sweep_wgmma_06b_af5f740.json).
+// 1024 -> 6144 where the rule above ran 0.52-0.81x (sweep_wgmma_06b_af5f740.json). At M = 33..64
+// the same holds for the 32-token tile (5) where its CTAs fit one wave: on 1024 -> 4096 at M = 64 it
+// makes 64 CTAs whose splits in two add up in clusters, where tile 0's 32 CTAs split four ways, more
+// clusters than the GPCs hold at once, and go through the workspace: 0.78x against 0.68x
+// (sweep_wgmma_06b_f5091fa.json; on 1024 -> 6144 0.86x against 0.85x).
 constexpr int kLongK = 2048;
 constexpr int kShortKMaxM = 512;
 
 int auto_wgmma_tile(int M, int N, int K, int sms) {
+  if (K < kLongK && M > 32 && M <= 64 && ctas_of(5, M, N) <= sms) return 5;
   if (K < kLongK && M > 64 && M <= kShortKMaxM) {
     for (int t = 0; t < 2; ++t)
       if (ctas_of(t, M, N) <= sms) return t;
