@@ -491,6 +491,26 @@ constexpr WgShape wg_shape() {
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
+// The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
+// `clustered`, through `cluster`, which must outlive the config. The launch and the occupancy
+// query below use it both, so the clusters counted are the clusters launched.
+template <typename Cfg>
+cudaLaunchConfig_t wgmma_config(dim3 grid, cudaStream_t stream, bool clustered, cudaLaunchAttribute& cluster) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = grid.z;
+  config.attrs = &cluster;
+  config.numAttrs = clustered ? 1 : 0;
+  return config;
+}
+
 // The launch: a split of K (splits > 1) runs as clusters of `splits` CTAs along z, or, given a
 // workspace, writes fp32 partials there and adds them in a second kernel.
 template <typename T, typename Cfg>
@@ -504,19 +524,9 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   if (err != cudaSuccess) return err;
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = static_cast<unsigned>(splits);
-  config.attrs = &cluster;
-  const bool clustered = splits > 1 && workspace == nullptr;
-  config.numAttrs = clustered ? 1 : 0;
+  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = wgmma_config<Cfg>(grid, stream, splits > 1 && workspace == nullptr, cluster);
   float* partial = splits > 1 ? workspace : nullptr;
   err = cudaLaunchKernelEx(&config, kernel, x_map, wp, ws, bias, out, partial, M, N, K, per_split);
   if (err != cudaSuccess || partial == nullptr) return err;
@@ -532,23 +542,27 @@ int max_active_clusters(int splits) {
     cudaGetLastError();
     return 0;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(1, 1, splits);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = static_cast<unsigned>(splits);
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = wgmma_config<Cfg>(dim3(1, 1, splits), nullptr, true, cluster);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     cudaGetLastError();  // not a Hopper-class device, or not an sm_90a build
     return 0;
   }
   return clusters;
+}
+
+// f(Cfg{}) for tile index t (0..kWgTiles - 1; past the end, the last tile).
+template <typename F>
+decltype(auto) with_tile(int t, F&& f) {
+  switch (t) {
+    case 0: return f(WgTile0{});
+    case 1: return f(WgTile1{});
+    case 2: return f(WgTile2{});
+    case 3: return f(WgTile3{});
+    case 4: return f(WgTile4{});
+    default: return f(WgTile5{});
+  }
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -608,15 +622,7 @@ int clusters_of(int tile, int splits) {
   std::atomic<int>& slot = cluster_cache[device][tile][s];
   int known = slot.load(std::memory_order_relaxed);
   if (known > 0) return known - 1;
-  int n = 0;
-  switch (tile) {
-    case 0: n = max_active_clusters<WgTile0>(splits); break;
-    case 1: n = max_active_clusters<WgTile1>(splits); break;
-    case 2: n = max_active_clusters<WgTile2>(splits); break;
-    case 3: n = max_active_clusters<WgTile3>(splits); break;
-    case 4: n = max_active_clusters<WgTile4>(splits); break;
-    default: n = max_active_clusters<WgTile5>(splits); break;
-  }
+  const int n = with_tile(tile, [&](auto cfg) { return max_active_clusters<decltype(cfg)>(splits); });
   slot.store(n + 1, std::memory_order_relaxed);
   return n;
 }
@@ -660,14 +666,9 @@ cudaError_t launch_ternary_wgmma(const void* x, int64_t ldx, int dtype, const ui
     const T* xt = static_cast<const T*>(x);
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
-    switch (ternary_wgmma_tile(M, N, K, sms, tile)) {
-      case 0: return launch_wgmma<T, WgTile0>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 1: return launch_wgmma<T, WgTile1>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 2: return launch_wgmma<T, WgTile2>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 3: return launch_wgmma<T, WgTile3>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      case 4: return launch_wgmma<T, WgTile4>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-      default: return launch_wgmma<T, WgTile5>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
-    }
+    return with_tile(ternary_wgmma_tile(M, N, K, sms, tile), [&](auto cfg) {
+      return launch_wgmma<T, decltype(cfg)>(xt, ldx, wp, ws, bt, ot, workspace, M, N, K, splits, stream);
+    });
   });
 }
 
