@@ -76,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "activations as given) or int8 (8: each ternary layer's input is rounded per token to "
                              "int8 in the forward pass, straight-through in the backward pass)")
     parser.add_argument("--device", default=d.device, help="cpu or cuda")
+    parser.add_argument("--no-tf32", dest="tf32", action="store_false",
+                        help="on CUDA, train with full-precision fp32 matmuls (default: TF32 tensor cores)")
     parser.add_argument("--force", action="store_true", help="replace DST if it exists and is not empty")
     parser.add_argument("--resume", action="store_true", help="continue from the saved state")
     parser.add_argument("--state", default=None, metavar="FILE", help="state file (default: DST.distill-state.pt)")

@@ -14,6 +14,10 @@ norms train too; embeddings stay frozen. The teacher is the fp base model. The l
 embeddings (the model's own pooling), in-batch relational distillation (the teacher's similarity
 matrix over the batch) and the teacher-normalised MSE of hidden states (real tokens).
 
+On CUDA the fp32 matmuls of training run on TF32 tensor cores (``tf32``, ``ternop distill
+--no-tf32`` turns it off); the loss parts are read back from the GPU only every ``log_every``
+steps, and AdamW is the fused one, so that the host does not stall the GPU at every step.
+
 Batches and the learning-rate schedule (length mix, warm-up, decay) are :mod:`ternop.quant.batches`.
 ``time_limit`` (seconds from the start of :func:`run`, loading and calibration included) ends
 training in time: every ``save_every`` steps the run re-estimates how many steps fit and shortens
@@ -83,6 +87,7 @@ class DistillConfig:
     overwrite: bool = False
     activation_bits: int = DEFAULT_ACTIVATION_BITS
     scales: str = "block"
+    tf32: bool = True
 
 
 def default_state_path(dst) -> Path:
@@ -302,7 +307,8 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
         {"params": [p for n, p in params if n.endswith(".scale")], "lr": args.lr_scale},
         {"params": [p for n, p in params if not n.endswith(".scale")], "lr": args.lr},
     ]
-    opt = torch.optim.AdamW(groups, weight_decay=0.0)
+    # One fused kernel per step on a GPU instead of a launch per parameter.
+    opt = torch.optim.AdamW(groups, weight_decay=0.0, fused=True if device.type == "cuda" else None)
     step = 0
     if state is not None:
         student.load_state_dict(state["student"], strict=False)
@@ -315,33 +321,43 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
     stats: dict = {}
     stop_at = args.stop_at or total
     train_start, first_step, sums, n_sums = time.time(), step, {}, 0
-    while step < min(total, stop_at):
-        batch = tokenizer(sampler.batch(step), padding=True, truncation=True, max_length=args.seq_len,
-                          return_tensors="pt").to(device)  # fmt: skip
-        loss, stats = distill_loss(student, teacher, batch, pooling, weights)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        lr = opt.param_groups[1]["lr"]
-        sched.step()
-        step += 1
-        stats["loss"] = float(loss.detach())
-        bar.update(1)
-        bar.set_postfix({k: f"{v:.4f}" for k, v in stats.items()}, refresh=False)
-        sums, n_sums = {k: sums.get(k, 0.0) + v for k, v in stats.items()}, n_sums + 1
-        if args.time_limit is not None:
-            total = _steps_that_fit(args, total, step, first_step, run_start, train_start)
-            bar.total = total
-        if step % args.save_every == 0 or step == min(total, stop_at):
-            _save_state(state_path, step, opt, student, {n for n, _ in params}, bits, args.scales)
-        if args.log and (step % args.log_every == 0 or step == min(total, stop_at)):
-            _log(args.log, {"step": step, "lr": lr, "seconds": round(time.time() - run_start, 2),
-                            **{k: v / n_sums for k, v in sums.items()}})  # fmt: skip
-            sums, n_sums = {}, 0
-        if args.export_every and step % args.export_every == 0 and step < total:
-            # A checkpoint of the run so far, to evaluate while training goes on.
-            export(base, f"{str(dst).rstrip('/')}.step{step}", student, layers, list(dense), progress=False,
-                   overwrite=True, activation_bits=bits)  # fmt: skip
+    matmul_precision = torch.get_float32_matmul_precision()
+    if device.type == "cuda" and args.tf32:
+        torch.set_float32_matmul_precision("high")  # TF32 tensor cores for the fp32 matmuls of training
+    try:
+        while step < min(total, stop_at):
+            batch = tokenizer(sampler.batch(step), padding=True, truncation=True, max_length=args.seq_len,
+                              return_tensors="pt").to(device)  # fmt: skip
+            loss, stats = distill_loss(student, teacher, batch, pooling, weights)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            lr = opt.param_groups[1]["lr"]
+            sched.step()
+            step += 1
+            stats["loss"] = loss.detach()
+            bar.update(1)
+            # Sums stay on the device: reading them back waits for the GPU, so it happens only every log_every steps.
+            sums, n_sums = {k: sums.get(k, 0.0) + v for k, v in stats.items()}, n_sums + 1
+            if args.time_limit is not None:
+                total = _steps_that_fit(args, total, step, first_step, run_start, train_start)
+                bar.total = total
+            last = step == min(total, stop_at)
+            if step % args.save_every == 0 or last:
+                _save_state(state_path, step, opt, student, {n for n, _ in params}, bits, args.scales)
+            if step % args.log_every == 0 or last:
+                means = {k: float(v) / n_sums for k, v in sums.items()}
+                bar.set_postfix({k: f"{v:.4f}" for k, v in means.items()}, refresh=False)
+                if args.log:
+                    _log(args.log, {"step": step, "lr": lr, "seconds": round(time.time() - run_start, 2), **means})
+                sums, n_sums = {}, 0
+            if args.export_every and step % args.export_every == 0 and step < total:
+                # A checkpoint of the run so far, to evaluate while training goes on.
+                export(base, f"{str(dst).rstrip('/')}.step{step}", student, layers, list(dense), progress=False,
+                       overwrite=True, activation_bits=bits)  # fmt: skip
+    finally:
+        torch.set_float32_matmul_precision(matmul_precision)
+    stats = {k: float(v) for k, v in stats.items()}
     bar.close()
     timing = {"seconds": time.time() - t0, "train_seconds": time.time() - train_start}
     if args.time_limit is not None:

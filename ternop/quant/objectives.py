@@ -52,7 +52,11 @@ def _hidden_mse(sh: torch.Tensor, th: torch.Tensor, mask: torch.Tensor) -> torch
 
 
 def distill_loss(student, teacher, batch, pooling: str, w: Weights) -> tuple[torch.Tensor, dict]:
-    """The weighted loss of one batch (a tokenizer's dict of tensors) and its parts as floats."""
+    """The weighted loss of one batch (a tokenizer's dict of tensors) and its parts, detached 0-d tensors.
+
+    The parts stay tensors so that a training loop on a GPU reads them back (a host sync) only
+    when it logs, not at every step.
+    """
     from ternop.hf.embedding import pool
 
     all_layers = w.hidden > 0 and w.hidden_layers == "all"
@@ -64,12 +68,12 @@ def distill_loss(student, teacher, batch, pooling: str, w: Weights) -> tuple[tor
     sh = sout.last_hidden_state.float()
     se = pool(sh, batch["attention_mask"], pooling)
     cos = (se * te).sum(-1)
-    stats = {"cos": float(cos.detach().mean())}
+    stats = {"cos": cos.detach().mean()}
     loss = w.cos * (1.0 - cos).mean()
     if w.rel > 0:
         rel = relational(se, te, w.rel_temp)
         loss = loss + w.rel * rel
-        stats["rel"] = float(rel.detach())
+        stats["rel"] = rel.detach()
     if w.hidden > 0:
         m = batch["attention_mask"].bool()
         if all_layers:
@@ -79,5 +83,5 @@ def distill_loss(student, teacher, batch, pooling: str, w: Weights) -> tuple[tor
         else:
             mse = _hidden_mse(sh, th, m)
         loss = loss + w.hidden * mse
-        stats["hmse"] = float(mse.detach())
+        stats["hmse"] = mse.detach()
     return loss, stats

@@ -329,3 +329,12 @@ def test_distill_rejects_bad_v2_options(tiny_fp, data_file, tmp_path, capsys, fl
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "d.distill-state.pt").exists()
+
+
+def test_distill_tf32_is_the_cuda_default_and_no_tf32_turns_it_off(tiny_fp, data_file, tmp_path):
+    assert distill_cli.config_from_args(_args(tiny_fp, tmp_path / "a", data_file)).tf32 is True
+    args = _args(tiny_fp, tmp_path / "b", data_file, steps=2, no_tf32=True)
+    assert distill_cli.config_from_args(args).tf32 is False
+    before = torch.get_float32_matmul_precision()
+    assert distill_cli.main(args) == 0
+    assert torch.get_float32_matmul_precision() == before  # a run leaves the process as it found it
