@@ -8,8 +8,10 @@ Three steps, so that only small files travel:
         built-in training text, one per line, then the texts of each --extra-text file, e.g. the
         generated text of benchmarks/gen_text.py, decontaminated again),
         JOB/COMMAND.txt (the device command with the options) and JOB/MANIFEST.json (sha256s of the data)
-    python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG [--force] [-- DISTILL OPTIONS]
-        there, after `pip install --no-deps .`: the fp32 model again, `ternop distill --device cuda`,
+    python3 benchmarks/quality_minilm_gpu.py device JOB OUT TAG [--force] [--from-artifact FILE] [-- DISTILL OPTIONS]
+        there, after `pip install --no-deps .`: the fp32 model again, `ternop distill --device cuda`
+        (with --from-artifact, `--init-from` the checkpoint that an earlier job's artifact makes: a
+        run that goes on where that one ended, with a fresh optimizer and schedule),
         then OUT/TAG.safetensors (ternary layers + trained norms/biases, ternop.quant.artifact),
         OUT/TAG.json (the command, the distill summary, the artifact's sha256) and
         OUT/TAG.log.jsonl (losses every --log-every steps)
@@ -139,7 +141,8 @@ def _fp32_model(job: Path, dst: Path) -> None:
     save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, str(dst / "model.safetensors"))
 
 
-def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False) -> None:
+def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False,
+           from_artifact: Path | None = None) -> None:  # fmt: skip
     from ternop.quant import artifact
 
     _refuse_existing([out / f"{tag}{ext}" for ext in (".safetensors", ".json", ".log.jsonl")], force)
@@ -151,6 +154,12 @@ def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False
     # Paths of this tag only, so that several jobs can share one machine at once.
     base, dst = Path(f"/tmp/ternop-minilm-fp32-{tag}"), Path(f"/tmp/ternop-minilm-{tag}")
     _fp32_model(job, base)
+    start, run_extra = {}, extra
+    if from_artifact is not None:
+        begin = Path(f"/tmp/ternop-minilm-start-{tag}")
+        artifact.assemble(from_artifact, base, begin, overwrite=True, progress=False)
+        run_extra = [*extra, "--init-from", str(begin)]
+        start = {"init_from_artifact": from_artifact.name, "init_from_sha256": artifact.sha256_of(from_artifact)}
     train = Path(f"/tmp/ternop-train-{tag}.txt")
     with lzma.open(job / "train.txt.xz", "rt", encoding="utf-8") as f:
         train.write_text(f.read(), encoding="utf-8")
@@ -158,7 +167,7 @@ def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False
     log = out / f"{tag}.log.jsonl"
     log.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "ternop.cli", "distill", str(base), str(dst), "--data", str(train),
-           "--device", "cuda", "--force", "--log", str(log), *extra]  # fmt: skip
+           "--device", "cuda", "--force", "--log", str(log), *run_extra]  # fmt: skip
     print(" ".join(cmd), flush=True)
     subprocess.check_call(cmd)
     tensors, qc = artifact.extract(dst, base)
@@ -166,7 +175,7 @@ def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     summary = next((x for x in reversed(lines) if x.get("done")), {})
     (out / f"{tag}.json").write_text(json.dumps({
-        "commit": git_commit(), "distill_options": extra, "summary": summary, "artifact_sha256": sha,
+        "commit": git_commit(), "distill_options": extra, **start, "summary": summary, "artifact_sha256": sha,
         "quantization_config": qc,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__, "wall_seconds": round(time.time() - t0, 1)}, indent=1))  # fmt: skip
@@ -180,30 +189,32 @@ def finish(path: Path, dst: Path, force: bool = False) -> None:
     print(f"{dst}: {qc}")
 
 
-def _options(argv: list[str]) -> tuple[list[Path], bool, list[str]]:
-    """(--extra-text files, --force, the distill options after --) of the words after a step's arguments."""
-    texts, force = [], False
-    while argv[:1] in (["--extra-text"], ["--force"]):
+def _options(argv: list[str]) -> tuple[list[Path], bool, list[str], Path | None]:
+    """(--extra-text files, --force, distill options after --, --from-artifact) of the words after a step."""
+    texts, force, start = [], False, None
+    while argv[:1] in (["--extra-text"], ["--force"], ["--from-artifact"]):
         if argv[0] == "--force":
             force, argv = True, argv[1:]
-        elif len(argv) > 1:
+        elif len(argv) < 2:
+            sys.exit(f"{argv[0]} needs a file")
+        elif argv[0] == "--extra-text":
             texts.append(Path(argv[1]))
             argv = argv[2:]
         else:
-            sys.exit("--extra-text needs a file")
-    return texts, force, argv[1:] if argv[:1] == ["--"] else argv
+            start, argv = Path(argv[1]), argv[2:]
+    return texts, force, argv[1:] if argv[:1] == ["--"] else argv, start
 
 
 if __name__ == "__main__":
     step = sys.argv[1] if len(sys.argv) > 1 else ""
     if step == "prepare":
-        texts, force, extra = _options(sys.argv[3:])
+        texts, force, extra, _ = _options(sys.argv[3:])
         prepare(Path(sys.argv[2]), extra, texts, force)
     elif step == "device":
-        _, force, extra = _options(sys.argv[5:])
-        device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], extra, force)
+        _, force, extra, start = _options(sys.argv[5:])
+        device(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], extra, force, start)
     elif step == "finish":
         finish(Path(sys.argv[2]), Path(sys.argv[3]), _options(sys.argv[4:])[1])
     else:
         sys.exit(f"unknown step {step!r}: prepare JOB [--extra-text FILE ...] [--force] | device JOB OUT TAG "
-                 "[--force] | finish FILE DST [--force]")
+                 "[--force] [--from-artifact FILE] | finish FILE DST [--force]")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from dataclasses import fields
 
 from ternop.cli.modes import ACTIVATIONS, bits_of
@@ -65,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", type=int, default=d.log_every, metavar="N", help="steps per --log line")
     parser.add_argument("--init", choices=["calibrated", "optimal", "absmean"], default=d.init,
                         help="how the student's codes and scales start")
+    parser.add_argument("--init-from", default=None, metavar="CKPT",
+                        help="start from this ternary checkpoint of BASE (e.g. an earlier run's DST): its codes, "
+                             "scales, biases and norms, with a fresh optimizer and schedule (instead of --init)")
     parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens, help="calibration tokens for --init calibrated")
     parser.add_argument("--scales", choices=["block", "row"], default=d.scales,
                         help="one learnt scale per 128 weights (block), or one per row (row: what the int8 kernels "
@@ -125,13 +129,21 @@ def main(args: argparse.Namespace) -> int:
     from ternop.quant.distill import default_state_path, run
 
     bad = _bad_number(args)
-    if bad is None and args.scales == "row" and args.init == "calibrated":
+    if bad is None and args.init_from and args.resume:
+        bad = "--init-from starts a new run and --resume continues one: give one of them"
+    if bad is None and args.scales == "row" and args.init == "calibrated" and not args.init_from:
         bad = "--scales row starts from --init optimal or absmean (calibration fits a scale per block)"
     if bad:
         print(f"ternop distill: error: {bad}", file=sys.stderr)
         return 2
     # Every check that needs no model runs first: a mistake costs seconds, not a training run.
     safetensors_files(model_folder(args.base))
+    if args.init_from:
+        safetensors_files(model_folder(args.init_from))
+        if Path(args.init_from).resolve() == Path(args.dst).resolve():
+            print("ternop distill: error: --init-from and DST are one folder; write the new run elsewhere",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     check_destination(args.base, args.dst, args.force)
     cfg = config_from_args(args)
     texts = read_texts(args.data)

@@ -338,3 +338,42 @@ def test_distill_tf32_is_the_cuda_default_and_no_tf32_turns_it_off(tiny_fp, data
     before = torch.get_float32_matmul_precision()
     assert distill_cli.main(args) == 0
     assert torch.get_float32_matmul_precision() == before  # a run leaves the process as it found it
+
+
+def test_distill_init_from_an_earlier_run_starts_exactly_where_it_ended(tiny_fp, data_file, tmp_path):
+    from ternop.checkpoint import iter_tensors
+    from ternop.cli import main
+
+    first = tmp_path / "first"
+    argv = ["distill", str(tiny_fp), "--data", str(data_file), "--batch-size", "8", "--quiet", "--init", "optimal"]
+    assert main([*argv[:2], str(first), *argv[2:], "--steps", "4", "--lr", "2e-3", "--lr-scale", "1e-3"]) == 0
+    # A run at learning rate 0 writes back its start: the codes, scales, biases and norms it took from `first`.
+    again = tmp_path / "again"
+    assert main([*argv[:2], str(again), *argv[2:], "--steps", "1", "--lr", "0", "--lr-scale", "0",
+                 "--init-from", str(first)]) == 0  # fmt: skip
+    a, b = dict(iter_tensors(first)), dict(iter_tensors(again))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    base = dict(iter_tensors(tiny_fp))
+    trained = [k for k in base if k in a and "LayerNorm" in k and not torch.equal(base[k], a[k])]
+    assert trained  # the first run moved the norms, so the check above covers loading them
+
+
+def test_distill_init_from_refuses_what_it_cannot_continue(tiny_fp, data_file, tmp_path, capsys):
+    from ternop.cli import main
+
+    first = tmp_path / "first"
+    argv = ["distill", str(tiny_fp), "--data", str(data_file), "--batch-size", "8", "--quiet", "--init", "optimal",
+            "--steps", "1"]  # fmt: skip
+    assert main([*argv[:2], str(first), *argv[2:]]) == 0
+    assert main([*argv[:2], str(tmp_path / "a"), *argv[2:], "--init-from", str(tiny_fp)]) == 2
+    assert "not a ternary checkpoint" in capsys.readouterr().err
+    skip = ["--skip", "layer.0.attention.self.query"]
+    assert main([*argv[:2], str(tmp_path / "b"), *argv[2:], *skip, "--init-from", str(first)]) == 2
+    err = capsys.readouterr().err
+    assert "not the ones this run trains" in err and "layer.0.attention.self.query" in err
+    assert main([*argv[:2], str(tmp_path / "c"), *argv[2:], "--resume", "--init-from", str(first)]) == 2
+    assert "--init-from starts a new run" in capsys.readouterr().err
+    assert main([*argv[:2], str(first), *argv[2:], "--force", "--init-from", str(first)]) == 2
+    assert "are one folder" in capsys.readouterr().err
+    assert not any((tmp_path / n).exists() for n in "abc")  # nothing half-written
