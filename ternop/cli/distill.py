@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from dataclasses import fields
+from pathlib import Path
 
 from ternop.cli.modes import ACTIVATIONS, bits_of
 from ternop.quant.batches import check_mix
