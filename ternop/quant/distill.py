@@ -28,7 +28,7 @@ loss terms averaged over those steps, the learning rate, seconds).
 The student starts from the calibrated ternarization (``ternop.quant.calibrate``, on a sample drawn
 like the batches), from optimal rounding, or (``init_from``, ``ternop distill --init-from CKPT``)
 from a ternary checkpoint of the same base, e.g. an earlier run's output: its codes, scales and
-trained biases and norms, with a fresh optimizer and schedule (:func:`checkpoint_init`), so that
+trained biases and norms, with a fresh optimizer and schedule (:mod:`ternop.quant.student_init`), so that
 training can go on in runs of any length. State (latent weights, scales, optimizer, step) is
 saved every ``save_every`` steps so that a run can stop and resume; it is removed once the
 checkpoint is written (unless ``keep_state``). ``export_every`` also writes the student as a v1
@@ -52,6 +52,7 @@ from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, SCALE_DTYPE, chec
 from ternop.quant.batches import Sampler, lr_factor
 from ternop.quant.calibrate import CALIB_TOKENS
 from ternop.quant.objectives import Weights, distill_loss
+from ternop.quant.student_init import checkpoint_init, initial_values
 from ternop.selection import select_linears
 
 
@@ -161,78 +162,6 @@ class QATLinear(nn.Module):
     def extra_repr(self) -> str:
         n, k = self.weight.shape
         return f"in_features={k}, out_features={n}, bias={self.bias is not None}, activation_bits={self.activation_bits}"
-
-
-def _init_values(student, tokenizer, texts, init: str, skip, calib_tokens: int, progress: bool,
-                 scales: str = "block"):  # fmt: skip
-    """name -> (values int8 [N, K], scale fp32 [N, K/128], or [N, 1] for row scales) for the selected linears."""
-    from ternop.quant.calibrate import calibrate_model
-    from ternop.quantize import quantize_to_values
-
-    if init == "calibrated":
-        if scales != "block":
-            raise ValueError("--scales row starts from --init optimal or absmean (calibration fits a scale per block)")
-        res = calibrate_model(student, tokenizer, texts, skip, max_tokens=calib_tokens, progress=progress)
-        return {name: (v, s.float()) for name, (v, s) in res.items()}
-    out = {}
-    for name, layer in select_linears(student, skip)[0].items():
-        v, s = quantize_to_values(layer.weight.detach(), init, scales)
-        out[name] = (v, s.float()[:, :1] if scales == "row" else s.float())
-    return out
-
-
-def checkpoint_init(student: nn.Module, ckpt, targets: dict[str, nn.Linear],
-                    scales: str = "block") -> tuple[dict, dict[str, torch.Tensor]]:  # fmt: skip
-    """The start that a ternary v1 checkpoint of the student's base gives (``--init-from``).
-
-    Returns (name -> (values int8 [N, K], scale fp32 [N, K/128], or [N, 1] for row scales) for
-    the selected linears ``targets``; student tensor name -> tensor for every other tensor of the
-    checkpoint, e.g. its trained biases and norms). Raises ValueError, naming the layer, when the
-    folder is not a ternary checkpoint, when its ternary layers are not exactly ``targets``, when a
-    shape differs, or when ``scales="row"`` and a layer's blocks of one row have different scales.
-    """
-    from ternop.checkpoint import PACKED_SUFFIX, SCALE_SUFFIX, iter_tensors, load_ternary_layers, read_quant_config
-    from ternop.format import codes_to_values, unpack_codes, validate
-    from ternop.hf.names import match_names
-
-    where = f"--init-from {str(ckpt)!r}"
-    if read_quant_config(ckpt) is None:
-        raise ValueError(f"{where}: not a ternary checkpoint (its config has no quantization_config)")
-    layers = load_ternary_layers(ckpt)
-    names = match_names(student, targets, layers)  # checkpoint prefix -> student module name
-    missing = sorted(set(targets) - set(names.values()))
-    extra = sorted(set(layers) - set(names))
-    if missing or extra:
-        raise ValueError(
-            f"{where}: its ternary layers are not the ones this run trains: "
-            + "; ".join(x for x in (f"dense or absent there: {missing[:5]}" if missing else "",
-                                    f"ternary there but not selected here: {extra[:5]}" if extra else "") if x)
-            + " (the same --skip as the run that wrote it selects the same layers)"
-        )  # fmt: skip
-    init = {}
-    for prefix, name in names.items():
-        packed, scale = layers[prefix]
-        validate(packed, scale, prefix)
-        values = codes_to_values(unpack_codes(packed))
-        if tuple(values.shape) != tuple(targets[name].weight.shape):
-            raise ValueError(f"{where}: {prefix} is {list(values.shape)}, the model's {name} is "
-                             f"{list(targets[name].weight.shape)}")  # fmt: skip
-        s = scale.float()
-        if scales == "row":
-            if not bool((s == s[:, :1]).all()):
-                raise ValueError(f"{where}: {prefix} has more than one scale in a row; --scales row needs one")
-            s = s[:, :1]
-        init[name] = (values, s)
-    own = student.state_dict()
-    ternary = {p + suffix for p in layers for suffix in (PACKED_SUFFIX, SCALE_SUFFIX)}
-    rest = {key: t for key, t in iter_tensors(ckpt) if key not in ternary}
-    tensors = {}
-    for key, name in match_names(student, own, rest).items():
-        t = rest[key]
-        if tuple(t.shape) != tuple(own[name].shape):
-            raise ValueError(f"{where}: {key} is {list(t.shape)}, the model's {name} is {list(own[name].shape)}")
-        tensors[name] = t.to(own[name].dtype)
-    return init, tensors
 
 
 def build_student(student: nn.Module, init_values: dict,
@@ -353,7 +282,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
     elif state is None:
         calib = sampler.calibration(4096)
         student.to(device)  # calibration runs where training will
-        init = _init_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet,
+        init = initial_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet,
                             args.scales)  # fmt: skip
     else:
         # Shapes only: the saved state overwrites values and scales below.
