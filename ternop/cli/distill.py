@@ -129,8 +129,6 @@ def main(args: argparse.Namespace) -> int:
     from ternop.quant.distill import default_state_path, run
 
     bad = _bad_number(args)
-    if bad is None and args.init_from and args.resume:
-        bad = "--init-from starts a new run and --resume continues one: give one of them"
     if bad is None and args.scales == "row" and args.init == "calibrated" and not args.init_from:
         bad = "--scales row starts from --init optimal or absmean (calibration fits a scale per block)"
     if bad:

@@ -283,7 +283,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
         calib = sampler.calibration(4096)
         student.to(device)  # calibration runs where training will
         init = initial_values(student, tokenizer, calib, args.init, args.skip, args.calib_tokens, not args.quiet,
-                            args.scales)  # fmt: skip
+                              args.scales)  # fmt: skip
     else:
         # Shapes only: the saved state overwrites values and scales below.
         blocks = {n: 1 if args.scales == "row" else m.in_features // BLOCK_SIZE for n, m in targets.items()}

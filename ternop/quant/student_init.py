@@ -43,7 +43,8 @@ def checkpoint_init(student: nn.Module, ckpt, targets: dict[str, nn.Linear],
     shape differs, or when ``scales="row"`` and a layer's blocks of one row have different scales.
     """
     from ternop.checkpoint import PACKED_SUFFIX, SCALE_SUFFIX, iter_tensors, load_ternary_layers, read_quant_config
-    from ternop.format import codes_to_values, unpack_codes, validate
+    from ternop.activations import weight_values
+    from ternop.format import validate
     from ternop.hf.names import match_names
 
     where = f"--init-from {str(ckpt)!r}"
@@ -64,7 +65,7 @@ def checkpoint_init(student: nn.Module, ckpt, targets: dict[str, nn.Linear],
     for prefix, name in names.items():
         packed, scale = layers[prefix]
         validate(packed, scale, prefix)
-        values = codes_to_values(unpack_codes(packed))
+        values = weight_values(packed)
         if tuple(values.shape) != tuple(targets[name].weight.shape):
             raise ValueError(f"{where}: {prefix} is {list(values.shape)}, the model's {name} is "
                              f"{list(targets[name].weight.shape)}")  # fmt: skip
