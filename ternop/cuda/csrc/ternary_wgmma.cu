@@ -187,10 +187,9 @@ struct Wgmma {
 };
 #endif
 
-template <int BT_, int MT_, int kStages_, int kDepth_, int kCtasPerSm_ = 1>
+template <int BT_, int MT_, int kStages_, int kDepth_>
 struct WgTile {
   static constexpr int BT = BT_, MT = MT_, kStages = kStages_, kDepth = kDepth_;
-  static constexpr int kCtasPerSm = kCtasPerSm_;  // the launch bounds' CTAs an SM: registers and shared memory fit them
   static constexpr int kRows = 64 * MT * kGroups;  // weight rows of the CTA: MT m64 tiles a warpgroup
   static constexpr int kXHalfBytes = BT * 128;
   static constexpr int kXBytes = 2 * kXHalfBytes;
@@ -201,8 +200,6 @@ struct WgTile {
   static_assert(8 % kDepth == 0 && kDepth >= 2, "A register sets cycle within a block's eight k16 steps");
   static_assert(BT * 16 % kThreads == 0 && kRows * 2 % kThreads == 0, "whole 16-byte chunks per thread");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
-  // 228 KiB an SM, 1 KiB of it reserved per CTA, plus the mbarriers' static shared memory.
-  static_assert(kCtasPerSm * (kSmemBytes + 1024 + 8 * kStages) <= 228 * 1024, "kCtasPerSm CTAs fit an SM");
 };
 
 // Issues the loads of scale block kb into a stage: x [BT x 128] as two boxes of the tensor map
@@ -340,7 +337,7 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 }
 
 template <typename T, typename Cfg>
-__global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
+__global__ void __launch_bounds__(kThreads, 1)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const uint8_t* __restrict__ wp,
                          const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
                          float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
@@ -473,32 +470,26 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
   }
 }
 
-// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight, CTAs an SM>; a
-// CTA owns 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with fewer
-// 128-row tiles than SMs, where tile 0 would split K (auto_wgmma_tile: short-K layers at M = 33..64).
-// Tiles 6 and 7 are tiles 0 and 5 with four stages and two CTAs an SM (at most 128 registers a
-// thread), so that one CTA's prologue and epilogue can run beside another's MMAs where each CTA
-// walks only a few scale blocks (short K, small M). Not timed yet: auto_wgmma_tile never takes them.
+// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight>; a CTA owns
+// 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with fewer 128-row
+// tiles than SMs, where tile 0 would split K (auto_wgmma_tile: short-K layers at M = 33..64).
 using WgTile0 = WgTile<64, 1, 6, 4>;
 using WgTile1 = WgTile<128, 1, 5, 4>;
 using WgTile2 = WgTile<256, 1, 3, 4>;
 using WgTile3 = WgTile<64, 2, 6, 4>;
 using WgTile4 = WgTile<128, 2, 4, 4>;
 using WgTile5 = WgTile<32, 1, 8, 4>;
-using WgTile6 = WgTile<64, 1, 4, 4, 2>;
-using WgTile7 = WgTile<32, 1, 4, 4, 2>;
-constexpr int kWgTiles = 8;
+constexpr int kWgTiles = 6;
 
 struct WgShape {
-  int rows, tokens, per_sm;
+  int rows, tokens;
 };
 template <typename Cfg>
 constexpr WgShape wg_shape() {
-  return {Cfg::kRows, Cfg::BT, Cfg::kCtasPerSm};
+  return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
-                                         wg_shape<WgTile6>(), wg_shape<WgTile7>()};
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
 // `clustered`, through `cluster`, which must outlive the config. The launch and the occupancy
@@ -570,9 +561,7 @@ decltype(auto) with_tile(int t, F&& f) {
     case 2: return f(WgTile2{});
     case 3: return f(WgTile3{});
     case 4: return f(WgTile4{});
-    case 5: return f(WgTile5{});
-    case 6: return f(WgTile6{});
-    default: return f(WgTile7{});
+    default: return f(WgTile5{});
   }
 }
 
@@ -640,9 +629,9 @@ int clusters_of(int tile, int splits) {
 
 }  // namespace
 
-// Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave (tiles * splits
-// <= sms times the tile's CTAs an SM), each split keeping at least two scale blocks. Splitting past
-// one wave gains nothing: twice the splits over two waves is the same time per SM, plus a prologue and an
+// Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave, one CTA an SM
+// (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past one wave
+// gains nothing: twice the splits over two waves is the same time per SM, plus a prologue and an
 // epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so 112
 // tiles on 132 SMs ran as 224 half-K CTAs in two waves). The splits add up inside clusters where
 // the device runs all `tiles` clusters of that size at once (ternary_wgmma_cluster_sums), else
@@ -650,11 +639,10 @@ int clusters_of(int tile, int splits) {
 // what the clusters allow instead ran 4096 -> 4096 at M = 33..128 at 0.74-0.91x of cuBLAS bf16
 // where the workspace ran 0.93-1.28x (results/h200/bench_linear_mid_m_7cdd483.json).
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
-  const int t = ternary_wgmma_tile(M, N, K, sms, tile);
-  const int64_t tiles = ctas_of(t, M, N), slots = int64_t{sms} * kWgShapes[t].per_sm;
+  const int64_t tiles = ctas_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N);
   const int blocks = K / 128;
   int splits = 1;
-  while (splits < 16 && tiles * splits * 2 <= slots && blocks / (2 * splits) >= 2) splits *= 2;
+  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
   return splits;
 }
 
