@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ternop.cli.modes import ACTIVATIONS, bits_of
 from ternop.quant.batches import check_mix
-from ternop.quant.distill import DistillConfig
+from ternop.quant.distill import LR_SCALE, DistillConfig
 
 
 def read_texts(data: str) -> list[str]:
@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="texts per step")
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per text at most")
     parser.add_argument("--lr", type=float, default=d.lr, help="learning rate of latent weights, biases, norms")
-    parser.add_argument("--lr-scale", type=float, default=d.lr_scale, help="learning rate of the block scales")
+    parser.add_argument("--lr-scale", type=float, default=d.lr_scale,
+                        help=f"learning rate of the block scales (default: {LR_SCALE:g}, or 0 with --init-from: "
+                             "with a fresh optimizer, learnt scales drift away from a trained start)")
     parser.add_argument("--cos-weight", type=float, default=d.cos_weight,
                         help="weight of 1 - cos between the student's and the teacher's pooled embeddings")
     parser.add_argument("--rel-weight", type=float, default=d.rel_weight,

@@ -359,6 +359,33 @@ def test_distill_init_from_an_earlier_run_starts_exactly_where_it_ended(tiny_fp,
     assert trained  # the first run moved the norms, so the check above covers loading them
 
 
+def test_distill_init_from_keeps_the_scales_unless_given_a_scale_learning_rate(tiny_fp, data_file, tmp_path):
+    """A run --init-from an earlier one trains codes, biases and norms but keeps that run's block scales
+    (their fresh Adam moments blow small gradients up to full steps); an explicit --lr-scale trains them."""
+    from ternop.checkpoint import iter_tensors
+    from ternop.cli import main
+
+    first = tmp_path / "first"
+    argv = ["distill", str(tiny_fp), "--data", str(data_file), "--batch-size", "8", "--quiet", "--init", "optimal",
+            "--lr", "2e-3"]  # fmt: skip
+    assert main([*argv[:2], str(first), *argv[2:], "--steps", "4", "--lr-scale", "1e-3"]) == 0
+    kept, trained = tmp_path / "kept", tmp_path / "trained"
+    assert main([*argv[:2], str(kept), *argv[2:], "--steps", "4", "--init-from", str(first)]) == 0
+    assert main([*argv[:2], str(trained), *argv[2:], "--steps", "4", "--init-from", str(first),
+                 "--lr-scale", "1e-3"]) == 0  # fmt: skip
+    a, k, t = (dict(iter_tensors(d)) for d in (first, kept, trained))
+    scales = [n for n in a if n.endswith(".weight_scale")]
+    moved = [n for n in a if "LayerNorm" in n and not torch.equal(a[n], k[n])]
+    assert scales and moved  # the run without --lr-scale did train (its norms moved) ...
+    assert all(torch.equal(a[n], k[n]) for n in scales)  # ... but left every block scale as it was
+    assert any(not torch.equal(a[n], t[n]) for n in scales)
+    from ternop.quant.distill import LR_SCALE, DistillConfig, scales_lr
+
+    assert scales_lr(DistillConfig()) == LR_SCALE
+    assert scales_lr(DistillConfig(init_from="ckpt")) == 0.0
+    assert scales_lr(DistillConfig(init_from="ckpt", lr_scale=5e-5)) == 5e-5
+
+
 def test_distill_init_from_refuses_what_it_cannot_continue(tiny_fp, data_file, tmp_path, capsys):
     from ternop.cli import main
 
