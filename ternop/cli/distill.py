@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ternop.cli.modes import ACTIVATIONS, bits_of
 from ternop.quant.batches import check_mix
-from ternop.quant.distill import LR_SCALE, DistillConfig
+from ternop.quant.distill import DistillConfig
+from ternop.quant.student_init import LR_SCALE
 
 
 def read_texts(data: str) -> list[str]:

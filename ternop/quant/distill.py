@@ -29,7 +29,8 @@ The student starts from the calibrated ternarization (``ternop.quant.calibrate``
 like the batches), from optimal rounding, or (``init_from``, ``ternop distill --init-from CKPT``)
 from a ternary checkpoint of the same base, e.g. an earlier run's output: its codes, scales and
 trained biases and norms, with a fresh optimizer and schedule (:mod:`ternop.quant.student_init`), so that
-training can go on in runs of any length. State (latent weights, scales, optimizer, step) is
+training can go on in runs of any length; such a run keeps the checkpoint's scales unless given a
+scale learning rate (``student_init.scales_lr``). State (latent weights, scales, optimizer, step) is
 saved every ``save_every`` steps so that a run can stop and resume; it is removed once the
 checkpoint is written (unless ``keep_state``). ``export_every`` also writes the student as a v1
 checkpoint ``DST.step<N>`` every N steps. The result is a standard format-v1 checkpoint whose
@@ -52,7 +53,7 @@ from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, SCALE_DTYPE, chec
 from ternop.quant.batches import Sampler, lr_factor
 from ternop.quant.calibrate import CALIB_TOKENS
 from ternop.quant.objectives import Weights, distill_loss
-from ternop.quant.student_init import checkpoint_init, initial_values
+from ternop.quant.student_init import checkpoint_init, initial_values, scales_lr
 from ternop.selection import select_linears
 
 
@@ -64,7 +65,7 @@ class DistillConfig:
     batch_size: int = 16
     seq_len: int = 128
     lr: float = 2e-4
-    lr_scale: float | None = None  # None: LR_SCALE, or 0 with init_from (scales_lr says why)
+    lr_scale: float | None = None  # None: student_init.LR_SCALE, or 0 with init_from (scales_lr says why)
     hidden_weight: float = 1.0
     hidden_layers: str = "last"
     cos_weight: float = 1.0
@@ -115,25 +116,6 @@ def int8_activations(x: torch.Tensor) -> torch.Tensor:
 def per_weight(scale: torch.Tensor, k: int) -> torch.Tensor:
     """Scales [N, K/128] (a scale per block) or [N, 1] (per row) -> [N, K], one per weight."""
     return scale.expand(-1, k) if scale.shape[1] == 1 else scale.repeat_interleave(BLOCK_SIZE, dim=1)
-
-
-LR_SCALE = 1e-4
-
-
-def scales_lr(args: DistillConfig) -> float:
-    """The block scales' learning rate: ``args.lr_scale`` when given, else LR_SCALE, or 0 (scales kept
-    as the checkpoint has them) for a run that starts ``--init-from`` an earlier run's output.
-
-    Why 0 there: that start has the earlier run's codes but a fresh optimizer, so the scales' Adam
-    moments begin at zero while their gradients (round(w/s) - w/s, summed) are near zero on codes
-    that sit exactly on their grid points; Adam scales those small gradients up to full-size steps.
-    Measured on all-MiniLM-L6-v2 continuing a 5,122-step run (docs/QUALITY.md, round 8): with the
-    scales learning at 2e-5 the cosine to the teacher fell from 0.90 to 0.78 over 5,000 steps on an
-    H200, and to 0.889 in 200 steps on a CPU, where with the scales kept it held at 0.90-0.903.
-    """
-    if args.lr_scale is not None:
-        return args.lr_scale
-    return 0.0 if args.init_from else LR_SCALE
 
 
 def stored_scales(scale: torch.Tensor, k: int) -> torch.Tensor:
@@ -317,7 +299,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
             m.p = 0.0
     params = _trainable(student)
     groups = [
-        {"params": [p for n, p in params if n.endswith(".scale")], "lr": scales_lr(args)},
+        {"params": [p for n, p in params if n.endswith(".scale")], "lr": scales_lr(args.lr_scale, args.init_from)},
         {"params": [p for n, p in params if not n.endswith(".scale")], "lr": args.lr},
     ]
     # One fused kernel per step on a GPU instead of a launch per parameter.

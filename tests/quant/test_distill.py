@@ -379,11 +379,11 @@ def test_distill_init_from_keeps_the_scales_unless_given_a_scale_learning_rate(t
     assert scales and moved  # the run without --lr-scale did train (its norms moved) ...
     assert all(torch.equal(a[n], k[n]) for n in scales)  # ... but left every block scale as it was
     assert any(not torch.equal(a[n], t[n]) for n in scales)
-    from ternop.quant.distill import LR_SCALE, DistillConfig, scales_lr
+    from ternop.quant.student_init import LR_SCALE, scales_lr
 
-    assert scales_lr(DistillConfig()) == LR_SCALE
-    assert scales_lr(DistillConfig(init_from="ckpt")) == 0.0
-    assert scales_lr(DistillConfig(init_from="ckpt", lr_scale=5e-5)) == 5e-5
+    assert scales_lr(None, None) == LR_SCALE
+    assert scales_lr(None, "ckpt") == 0.0
+    assert scales_lr(5e-5, "ckpt") == 5e-5
 
 
 def test_distill_init_from_refuses_what_it_cannot_continue(tiny_fp, data_file, tmp_path, capsys):
