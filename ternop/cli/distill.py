@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end training so that the run (loading and calibration included) takes about SECONDS "
                              "plus the export: the schedule is shortened to the steps that fit (not reproducible)")
     parser.add_argument("--log", default=None, metavar="FILE",
-                        help="append one JSON line every --log-every steps: loss terms (averaged), lr, seconds")
+                        help="append one JSON line every --log-every steps: loss terms (averaged), lr, lr_scale, seconds")
     parser.add_argument("--log-every", type=int, default=d.log_every, metavar="N", help="steps per --log line")
     parser.add_argument("--init", choices=["calibrated", "optimal", "absmean"], default=d.init,
                         help="how the student's codes and scales start")

@@ -23,7 +23,7 @@ Batches and the learning-rate schedule (length mix, warm-up, decay) are :mod:`te
 training in time: every ``save_every`` steps the run re-estimates how many steps fit and shortens
 the schedule to them, so the decay still completes (such a run depends on the machine's speed and
 is not reproducible step for step). ``log`` appends one JSON line every ``log_every`` steps (the
-loss terms averaged over those steps, the learning rate, seconds).
+loss terms averaged over those steps, the learning rates of the weights and of the scales, seconds).
 
 The student starts from the calibrated ternarization (``ternop.quant.calibrate``, on a sample drawn
 like the batches), from optimal rounding, or (``init_from``, ``ternop distill --init-from CKPT``)
@@ -327,7 +327,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            lr = opt.param_groups[1]["lr"]
+            lr, lr_scale = opt.param_groups[1]["lr"], opt.param_groups[0]["lr"]
             sched.step()
             step += 1
             stats["loss"] = loss.detach()
@@ -344,7 +344,8 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
                 means = {k: float(v) / n_sums for k, v in sums.items()}
                 bar.set_postfix({k: f"{v:.4f}" for k, v in means.items()}, refresh=False)
                 if args.log:
-                    _log(args.log, {"step": step, "lr": lr, "seconds": round(time.time() - run_start, 2), **means})
+                    _log(args.log, {"step": step, "lr": lr, "lr_scale": lr_scale,
+                                    "seconds": round(time.time() - run_start, 2), **means})  # fmt: skip
                 sums, n_sums = {}, 0
             if args.export_every and step % args.export_every == 0 and step < total:
                 # A checkpoint of the run so far, to evaluate while training goes on.

@@ -286,10 +286,11 @@ def test_distill_v2_objectives_mix_schedule_log_and_exports(tiny_fp, mixed_data,
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     steps = [x["step"] for x in lines if "done" not in x]
     assert steps == [4, 8, 12]
-    assert {"loss", "cos", "rel", "hmse", "lr", "seconds"} <= set(lines[0])
+    assert {"loss", "cos", "rel", "hmse", "lr", "lr_scale", "seconds"} <= set(lines[0])
     assert lines[-1]["done"] and lines[-1]["steps"] == 12
     # Warm-up to the peak (step 3 logs the lr of step index 3 = peak), then cosine decay.
     assert lines[1]["lr"] < 2e-3 and lines[2]["lr"] < lines[1]["lr"]
+    assert lines[2]["lr_scale"] / lines[2]["lr"] == pytest.approx(args.lr_scale / args.lr)  # one schedule, two peaks
     for step in (5, 10):
         exported = load_ternary_layers(tmp_path / f"d.step{step}")
         assert len(exported) == 12
