@@ -49,8 +49,6 @@
 // never written.
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include <cooperative_groups.h>
 
@@ -359,9 +357,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
-  // Everything above overlaps the end of the kernel ahead (a programmatic launch); every global
-  // read and write is below.
-  grid_dependency_wait();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
@@ -453,7 +448,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  grid_launch_dependents();  // the next kernel may begin its launch during this epilogue
   wgmma_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) fence_acc(acc[mt]);
@@ -497,43 +491,23 @@ constexpr WgShape wg_shape() {
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
-// Whether launches are programmatic (may begin while the kernel ahead in the stream ends; the
-// kernel waits for it in grid_dependency_wait): on unless TERNOP_WGMMA_PDL=0, read per launch so
-// that a benchmark can compare both in one process.
-bool wgmma_programmatic() {
-  const char* v = std::getenv("TERNOP_WGMMA_PDL");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
-// `clustered`, and as a programmatic launch when `programmatic`, through `attrs`, which must
-// outlive the config. The launch and the occupancy query below use it both, so the clusters
-// counted are the clusters launched.
+// `clustered`, through `cluster`, which must outlive the config. The launch and the occupancy
+// query below use it both, so the clusters counted are the clusters launched.
 template <typename Cfg>
-cudaLaunchConfig_t wgmma_config(dim3 grid, cudaStream_t stream, bool clustered, bool programmatic,
-                                cudaLaunchAttribute (&attrs)[2]) {
+cudaLaunchConfig_t wgmma_config(dim3 grid, cudaStream_t stream, bool clustered, cudaLaunchAttribute& cluster) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = Cfg::kSmemBytes;
   config.stream = stream;
-  attrs[0] = {};
-  attrs[1] = {};
-  int n = 0;
-  if (clustered) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = 1;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = grid.z;
-    ++n;
-  }
-  if (programmatic) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attrs;
-  config.numAttrs = n;
+  cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = grid.z;
+  config.attrs = &cluster;
+  config.numAttrs = clustered ? 1 : 0;
   return config;
 }
 
@@ -551,9 +525,8 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;
   const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
-  cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t config =
-      wgmma_config<Cfg>(grid, stream, splits > 1 && workspace == nullptr, wgmma_programmatic(), attrs);
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = wgmma_config<Cfg>(grid, stream, splits > 1 && workspace == nullptr, cluster);
   float* partial = splits > 1 ? workspace : nullptr;
   err = cudaLaunchKernelEx(&config, kernel, x_map, wp, ws, bias, out, partial, M, N, K, per_split);
   if (err != cudaSuccess || partial == nullptr) return err;
@@ -569,8 +542,8 @@ int max_active_clusters(int splits) {
     cudaGetLastError();
     return 0;
   }
-  cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t config = wgmma_config<Cfg>(dim3(1, 1, splits), nullptr, true, false, attrs);
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = wgmma_config<Cfg>(dim3(1, 1, splits), nullptr, true, cluster);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     cudaGetLastError();  // not a Hopper-class device, or not an sm_90a build

@@ -90,24 +90,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
 #endif
 }
 
-// Programmatic dependent launch. A kernel launched with programmatic stream serialization may
-// start before the kernel ahead of it in the stream has finished: it must call
-// grid_dependency_wait before it reads global memory or writes its output (the kernel ahead may
-// still be writing x, or reading the buffer this one overwrites). Without that launch attribute
-// the wait returns at once. grid_launch_dependents lets the next such kernel begin its launch;
-// that kernel still waits in its own grid_dependency_wait until this one's writes are visible.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if TERNOP_HAS_WGMMA
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void grid_launch_dependents() {
-#if TERNOP_HAS_WGMMA
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
 template <int R>
 __device__ __forceinline__ void fence_acc(float (&d)[R]) {
