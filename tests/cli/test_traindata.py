@@ -135,12 +135,18 @@ def test_decontamination_drops_planted_leaks(monkeypatch):
     assert kept == planted[:1]
 
 
-# The generated text that `benchmarks/gen_text.py` wrote, for `quality_minilm_gpu.py prepare --extra-text`.
-GENERATED = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "generated_smollm2.txt.xz"
+# The generated text that `benchmarks/gen_text.py` wrote, for `quality_minilm_gpu.py prepare --extra-text`:
+# every such file in the data folder.
+GENERATED = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "data").glob("generated_*.txt.xz"))
 
 
-def test_committed_generated_text_is_disjoint_from_every_evaluation_text():
-    with lzma.open(GENERATED, "rt", encoding="utf-8") as f:
+def test_generated_text_files_are_found():
+    assert any(p.name == "generated_smollm2.txt.xz" for p in GENERATED)
+
+
+@pytest.mark.parametrize("path", GENERATED, ids=lambda p: p.name)
+def test_committed_generated_text_is_disjoint_from_every_evaluation_text(path):
+    with lzma.open(path, "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f if line.strip()]
     assert len(texts) > 1000 and all(len(t.split()) >= 6 for t in texts)
     lee_docs, _ = evaldata.lee50()
