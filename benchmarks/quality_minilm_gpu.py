@@ -190,19 +190,26 @@ def finish(path: Path, dst: Path, force: bool = False) -> None:
 
 
 def _options(argv: list[str]) -> tuple[list[Path], bool, list[str], Path | None]:
-    """(--extra-text files, --force, distill options after --, --from-artifact) of the words after a step."""
+    """(--extra-text files, --force, distill options after --, --from-artifact) of the words after a step.
+
+    --extra-text takes every file up to the next option. A word that is neither one of these
+    options nor after `--` is refused, so that no file name is taken for a distill option."""
     texts, force, start = [], False, None
     while argv[:1] in (["--extra-text"], ["--force"], ["--from-artifact"]):
         if argv[0] == "--force":
             force, argv = True, argv[1:]
-        elif len(argv) < 2:
+        elif len(argv) < 2 or argv[1].startswith("-"):
             sys.exit(f"{argv[0]} needs a file")
         elif argv[0] == "--extra-text":
-            texts.append(Path(argv[1]))
-            argv = argv[2:]
+            argv = argv[1:]
+            while argv and not argv[0].startswith("-"):
+                texts.append(Path(argv[0]))
+                argv = argv[1:]
         else:
             start, argv = Path(argv[1]), argv[2:]
-    return texts, force, argv[1:] if argv[:1] == ["--"] else argv, start
+    if argv and argv[0] != "--":
+        sys.exit(f"unexpected {argv[0]!r}: distill options go after --")
+    return texts, force, argv[1:], start
 
 
 if __name__ == "__main__":
