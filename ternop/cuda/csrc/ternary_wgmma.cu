@@ -187,13 +187,17 @@ struct Wgmma {
 };
 #endif
 
-template <int BT_, int MT_, int kStages_, int kDepth_>
+template <int BT_, int MT_, int kStages_, int kDepth_, bool kWS_ = false>
 struct WgTile {
   static constexpr int BT = BT_, MT = MT_, kStages = kStages_, kDepth = kDepth_;
+  static constexpr bool kWS = kWS_;  // warp-specialised: a producer warp loads, the warpgroups compute
+  static constexpr int kBlockThreads = kThreads + (kWS ? 32 : 0);
   static constexpr int kRows = 64 * MT * kGroups;  // weight rows of the CTA: MT m64 tiles a warpgroup
   static constexpr int kXHalfBytes = BT * 128;
   static constexpr int kXBytes = 2 * kXHalfBytes;
-  static constexpr int kWBytes = kRows * kCodeRowBytes;
+  // A row's 32 code bytes: padded for cp.async, dense as the tensor-memory-access unit writes them.
+  static constexpr int kCodePitch = kWS ? 32 : kCodeRowBytes;
+  static constexpr int kWBytes = kRows * kCodePitch;
   static constexpr int kStageBytes = (kXBytes + kWBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
   static_assert(kStages >= 3, "a slot is refilled two blocks after its use");
@@ -218,7 +222,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const C
     const int c = threadIdx.x + j * kThreads;
     const int r = c / 2, half = c % 2;
     const int n = min(n0 + r, N - 1);
-    cp_async16(stage + Cfg::kXBytes + r * kCodeRowBytes + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
+    cp_async16(stage + Cfg::kXBytes + r * Cfg::kCodePitch + half * 16, wp + n * row_bytes + kb * 32 + half * 16);
   }
 }
 
@@ -279,11 +283,11 @@ template <typename E, typename Cfg, typename T, int R>
 __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg::MT][R], const int (&row)[Cfg::MT],
                                            int q, const T* __restrict__ bias, E* __restrict__ dst, int m0, int M,
                                            int n0, int N) {
-  stage_tile<E, Cfg, T>(tile, acc, row, q, bias, n0, N);
+  if (threadIdx.x < kThreads) stage_tile<E, Cfg, T>(tile, acc, row, q, bias, n0, N);  // not the producer warp
   __syncthreads();
   constexpr int kPitch = kTilePitch<E, Cfg>, V = 16 / static_cast<int>(sizeof(E)), kChunks = Cfg::kRows / V;
   const bool vector = N % V == 0;
-  for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += Cfg::kBlockThreads) {
     const int t = i / kChunks, c = i % kChunks;
     const int m = m0 + t, n = n0 + c * V;
     if (m >= M || n >= N) continue;
@@ -309,13 +313,13 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 #if TERNOP_HAS_WGMMA
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  stage_tile<float, Cfg, T>(tile, acc, row, q, nullptr, n0, N);
+  if (threadIdx.x < kThreads) stage_tile<float, Cfg, T>(tile, acc, row, q, nullptr, n0, N);
   cluster.sync();
   constexpr int kPitch = kTilePitch<float, Cfg>, kChunks = Cfg::kRows / 8;
   const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   const int per = Cfg::BT / splits;  // splits is a power of two up to 8, BT one of 32 and more
-  for (int i = threadIdx.x; i < per * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < per * kChunks; i += Cfg::kBlockThreads) {
     const int t = rank * per + i / kChunks, c = i % kChunks;
     const int m = m0 + t, n = n0 + c * 8;
     if (m >= M || n >= N) continue;
@@ -336,11 +340,18 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 #endif
 }
 
+// The kernel, in two forms (Cfg::kWS). In the first every thread takes part in loading: thread 0
+// issues the TMA of x, every thread cp.asyncs its share of the codes, and the CTA meets at a
+// barrier once a block. In the warp-specialised form a ninth warp (the producer) issues all of a
+// stage's loads as three TMA boxes (x twice, the codes once) on the stage's "full" mbarrier, and
+// the two warpgroups never meet in the loop: each waits for a stage's "full" barrier and, once the
+// wgmmas that read a stage are done, arrives on its "empty" one, which the producer waits for
+// before refilling it. Every stage is in flight, not kStages - 2.
 template <typename T, typename Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
-    ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const uint8_t* __restrict__ wp,
-                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
-                         float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
+__global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
+    ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                         const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias,
+                         T* __restrict__ out, float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
@@ -349,11 +360,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
   const uint8_t* smem = smem_raw + (base - raw);
-  __shared__ __align__(8) uint64_t bars[kStages];  // bars[slot]: x of the slot's block has landed
-  const uint32_t bar0 = smem_addr(bars);
+  // full[slot]: the slot's block has landed (x only, in the first form); empty[slot] (second form):
+  // both warpgroups are done with it.
+  __shared__ __align__(8) uint64_t bars[2 * kStages];
+  const uint32_t bar0 = smem_addr(bars), empty0 = bar0 + 8 * kStages;
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) mbar_init(bar0 + 8 * s);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar0 + 8 * s);
+      if constexpr (Cfg::kWS) mbar_init(empty0 + 8 * s, kGroups);
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -371,87 +387,111 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int count = max(0, min(blocks_per_split, blocks - kb_begin));
   const int64_t row_bytes = K / 4;
 
-  const __half* ps0 = ws + kb_begin;
-  int srow[MT][2];
-  __half sc[MT][2];  // this block's scales, loaded a block ahead
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      srow[mt][h] = min(n0 + row[mt] + 8 * h, N - 1);
-      sc[mt][h] = count > 0 ? ps0[static_cast<int64_t>(srow[mt][h]) * blocks] : __float2half(0.f);
-    }
-  const uint32_t magic = Pair16<T>::kMagic;
-
   // The first wgmma of each tile overwrites its accumulators (scale-d 0): zeroing them with
   // ordinary instructions would make ptxas serialize every wgmma of the loop.
   float acc[MT][R];
 
-#pragma unroll
-  for (int s = 0; s < kStages - 2; ++s) {
-    if (s < count) load_stage<Cfg>(base + s * Cfg::kStageBytes, bar0 + 8 * s, &x_map, m0, wp, row_bytes, n0, N, kb_begin + s);
-    cp_async_commit();
-  }
-
-  uint32_t a[Cfg::kDepth][MT][4];
-  for (int i = 0; i < count; ++i) {
-    cp_async_wait<kStages - 3>();                            // this thread's codes of block i
-    mbar_wait(bar0 + 8 * (i % kStages), (i / kStages) & 1);  // x of block i
-    __syncthreads();  // block i has landed for every thread; block i - 2's slot is free everywhere
-    {
-      const int next = i + kStages - 2;
-      if (next < count)
-        load_stage<Cfg>(base + (next % kStages) * Cfg::kStageBytes, bar0 + 8 * (next % kStages), &x_map, m0, wp,
-                        row_bytes, n0, N, kb_begin + next);
-      cp_async_commit();
+  if (Cfg::kWS && warp == 4 * kGroups) {  // the producer
+    if (lane == 0) {
+      for (int i = 0; i < count; ++i) {
+        const int slot = i % kStages;
+        if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
+        const uint32_t stage = base + slot * Cfg::kStageBytes, bar = bar0 + 8 * slot;
+        const int kb = kb_begin + i;
+        mbar_expect(bar, Cfg::kXBytes + Cfg::kWBytes);
+        tma_load(stage, &x_map, kb * 256, m0, bar);  // bytes: 128 k of 2 bytes a block
+        tma_load(stage + Cfg::kXHalfBytes, &x_map, kb * 256 + 128, m0, bar);
+        tma_load(stage + Cfg::kXBytes, &w_map, kb * 32, n0, bar);  // rows past N read as zero
+      }
     }
-    uint32_t sp[MT][2];
+  } else {
+    const __half* ps0 = ws + kb_begin;
+    int srow[MT][2];
+    __half sc[MT][2];  // this block's scales, loaded a block ahead
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        sp[mt][h] = scale_pair<T>(sc[mt][h]);
-        if (i + 1 < count) sc[mt][h] = ps0[static_cast<int64_t>(srow[mt][h]) * blocks + i + 1];
+        srow[mt][h] = min(n0 + row[mt] + 8 * h, N - 1);
+        sc[mt][h] = count > 0 ? ps0[static_cast<int64_t>(srow[mt][h]) * blocks] : __float2half(0.f);
       }
-    const uint32_t stage = base + (i % kStages) * Cfg::kStageBytes;
-    const uint8_t* codes = smem + (stage - base) + Cfg::kXBytes;
+    const uint32_t magic = Pair16<T>::kMagic;
 
+    if constexpr (!Cfg::kWS) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      // This lane's code words of the half block (k16 steps 4 half .. 4 half + 3), rows row and row + 8.
-      uint4 w[MT][2];
+      for (int s = 0; s < kStages - 2; ++s) {
+        if (s < count)
+          load_stage<Cfg>(base + s * Cfg::kStageBytes, bar0 + 8 * s, &x_map, m0, wp, row_bytes, n0, N, kb_begin + s);
+        cp_async_commit();
+      }
+    }
+
+    uint32_t a[Cfg::kDepth][MT][4];
+    for (int i = 0; i < count; ++i) {
+      if constexpr (Cfg::kWS) {
+        mbar_wait(bar0 + 8 * (i % kStages), (i / kStages) & 1);  // x and codes of block i
+      } else {
+        cp_async_wait<kStages - 3>();                            // this thread's codes of block i
+        mbar_wait(bar0 + 8 * (i % kStages), (i / kStages) & 1);  // x of block i
+        __syncthreads();  // block i has landed for every thread; block i - 2's slot is free everywhere
+        const int next = i + kStages - 2;
+        if (next < count)
+          load_stage<Cfg>(base + (next % kStages) * Cfg::kStageBytes, bar0 + 8 * (next % kStages), &x_map, m0, wp,
+                          row_bytes, n0, N, kb_begin + next);
+        cp_async_commit();
+      }
+      uint32_t sp[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          w[mt][h] = *reinterpret_cast<const uint4*>(codes + (row[mt] + 8 * h) * kCodeRowBytes + 16 * half);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int s = 4 * half + t;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t(&as)[4] = a[s % Cfg::kDepth][mt];
-          const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&w[mt][0]);
-          const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&w[mt][1]);
-          const uint32_t u0 = w0[t] >> (2 * q), u1 = w1[t] >> (2 * q);
-          as[0] = mul2<T>(decode_pair<T>(u0, magic), sp[mt][0]);
-          as[1] = mul2<T>(decode_pair<T>(u1, magic), sp[mt][1]);
-          as[2] = mul2<T>(decode_pair<T>(u0 >> 8, magic), sp[mt][0]);
-          as[3] = mul2<T>(decode_pair<T>(u1 >> 8, magic), sp[mt][1]);
+        for (int h = 0; h < 2; ++h) {
+          sp[mt][h] = scale_pair<T>(sc[mt][h]);
+          if (i + 1 < count) sc[mt][h] = ps0[static_cast<int64_t>(srow[mt][h]) * blocks + i + 1];
         }
-        wgmma_fence();
-        const uint64_t desc = b_desc(stage + half * Cfg::kXHalfBytes + t * 32);
+      const uint32_t stage = base + (i % kStages) * Cfg::kStageBytes;
+      const uint8_t* codes = smem + (stage - base) + Cfg::kXBytes;
+
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) Wgmma<T, BT>::run(i > 0 || s > 0, acc[mt], a[s % Cfg::kDepth][mt], desc);
-        wgmma_commit();
-        wgmma_wait<Cfg::kDepth - 1>();
+      for (int half = 0; half < 2; ++half) {
+        // This lane's code words of the half block (k16 steps 4 half .. 4 half + 3), rows row and row + 8.
+        uint4 w[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            w[mt][h] = *reinterpret_cast<const uint4*>(codes + (row[mt] + 8 * h) * Cfg::kCodePitch + 16 * half);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int s = 4 * half + t;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t(&as)[4] = a[s % Cfg::kDepth][mt];
+            const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&w[mt][0]);
+            const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&w[mt][1]);
+            const uint32_t u0 = w0[t] >> (2 * q), u1 = w1[t] >> (2 * q);
+            as[0] = mul2<T>(decode_pair<T>(u0, magic), sp[mt][0]);
+            as[1] = mul2<T>(decode_pair<T>(u1, magic), sp[mt][1]);
+            as[2] = mul2<T>(decode_pair<T>(u0 >> 8, magic), sp[mt][0]);
+            as[3] = mul2<T>(decode_pair<T>(u1 >> 8, magic), sp[mt][1]);
+          }
+          wgmma_fence();
+          const uint64_t desc = b_desc(stage + half * Cfg::kXHalfBytes + t * 32);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) Wgmma<T, BT>::run(i > 0 || s > 0, acc[mt], a[s % Cfg::kDepth][mt], desc);
+          wgmma_commit();
+          wgmma_wait<Cfg::kDepth - 1>();
+          // Past this wait only steps of block i are in flight: block i - 1's stage is free. The
+          // wait is warpgroup-wide, so one thread of each warpgroup says so for all four warps.
+          if constexpr (Cfg::kWS)
+            if (s == Cfg::kDepth - 1 && i > 0 && threadIdx.x % 128 == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+        }
       }
     }
-  }
-  wgmma_wait<0>();
+    wgmma_wait<0>();
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) fence_acc(acc[mt]);
-  cp_async_wait<0>();
+    for (int mt = 0; mt < MT; ++mt) fence_acc(acc[mt]);
+  }
+  if constexpr (!Cfg::kWS) cp_async_wait<0>();
   if (count == 0) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -479,7 +519,10 @@ using WgTile2 = WgTile<256, 1, 3, 4>;
 using WgTile3 = WgTile<64, 2, 6, 4>;
 using WgTile4 = WgTile<128, 2, 4, 4>;
 using WgTile5 = WgTile<32, 1, 8, 4>;
-constexpr int kWgTiles = 6;
+// Tiles 6-11: tiles 0-5 in the warp-specialised form.
+template <typename Cfg>
+using Specialised = WgTile<Cfg::BT, Cfg::MT, Cfg::kStages, Cfg::kDepth, true>;
+constexpr int kWgTiles = 12;
 
 struct WgShape {
   int rows, tokens;
@@ -489,6 +532,8 @@ constexpr WgShape wg_shape() {
   return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
+                                         wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
@@ -498,7 +543,7 @@ template <typename Cfg>
 cudaLaunchConfig_t wgmma_config(dim3 grid, cudaStream_t stream, bool clustered, cudaLaunchAttribute& cluster) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(Cfg::kBlockThreads);
   config.dynamicSmemBytes = Cfg::kSmemBytes;
   config.stream = stream;
   cluster = {};
@@ -519,16 +564,20 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   auto kernel = ternary_wgmma_kernel<T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  CUtensorMap x_map;
+  CUtensorMap x_map, w_map = {};
   err = x_tensor_map(&x_map, x, ldx * 2, M, int64_t{K} * 2, Cfg::BT);
   if (err != cudaSuccess) return err;
+  if constexpr (Cfg::kWS) {  // the codes [N, K / 4] as boxes of 32 bytes (one scale block) x kRows rows
+    err = byte_tensor_map(&w_map, wp, K / 4, N, K / 4, 32, Cfg::kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+    if (err != cudaSuccess) return err;
+  }
   const int blocks = K / 128;
   const int per_split = (blocks + splits - 1) / splits;
   const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
   cudaLaunchAttribute cluster;
   const cudaLaunchConfig_t config = wgmma_config<Cfg>(grid, stream, splits > 1 && workspace == nullptr, cluster);
   float* partial = splits > 1 ? workspace : nullptr;
-  err = cudaLaunchKernelEx(&config, kernel, x_map, wp, ws, bias, out, partial, M, N, K, per_split);
+  err = cudaLaunchKernelEx(&config, kernel, x_map, w_map, wp, ws, bias, out, partial, M, N, K, per_split);
   if (err != cudaSuccess || partial == nullptr) return err;
   return launch_split_k_reduce(workspace, bias, out, M, N, splits, stream);
 }
@@ -561,7 +610,13 @@ decltype(auto) with_tile(int t, F&& f) {
     case 2: return f(WgTile2{});
     case 3: return f(WgTile3{});
     case 4: return f(WgTile4{});
-    default: return f(WgTile5{});
+    case 5: return f(WgTile5{});
+    case 6: return f(Specialised<WgTile0>{});
+    case 7: return f(Specialised<WgTile1>{});
+    case 8: return f(Specialised<WgTile2>{});
+    case 9: return f(Specialised<WgTile3>{});
+    case 10: return f(Specialised<WgTile4>{});
+    default: return f(Specialised<WgTile5>{});
   }
 }
 

@@ -48,7 +48,8 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-// mbarriers (one a stage) that the tensor-memory-access unit signals when a tile of x has landed.
+// mbarriers: the tensor-memory-access unit signals one when a stage's tiles have landed; in the
+// warp-specialised kernel, consumers signal another when they are done with a stage.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count = 1) {
 #if TERNOP_HAS_WGMMA
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -64,6 +65,13 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
 #if TERNOP_HAS_WGMMA
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+// One arrival on `bar` (a consumer releasing a stage to the producer).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if TERNOP_HAS_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 #endif
 }
 

@@ -142,12 +142,6 @@ __device__ __forceinline__ void decode_block_a8(const uint8_t* codes, uint32_t s
   }
 }
 
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if TERNOP_HAS_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-#endif
-}
-
 // Named barriers 1 and 2 over the two consumer warpgroups: a warpgroup syncs on its own to wait for
 // its turn on the tensor cores, and arrives on the other's to hand the turn over.
 __device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kConsumersA8) : "memory"); }
