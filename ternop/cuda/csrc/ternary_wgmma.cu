@@ -18,8 +18,8 @@
 // codes [rows x 32 bytes] (cp.async) in shared memory, kStages - 2 blocks ahead: a slot is
 // refilled two blocks after its last wgmma was issued, by which time every warpgroup has waited
 // for it (wait_group after each wgmma, then the barrier at the top of the block), so no drain is
-// needed between blocks. The warp-specialised form (tiles 6-11; the auto choice for the 64-token
-// tiles) loads through a producer warp instead; the kernel's comment says how.
+// needed between blocks. The 64-token tiles (0 and 3) run warp-specialised instead: a producer
+// warp loads, and the kernel's comment says how.
 //
 // x in shared memory, as the descriptor reads it. Each half (k 0..63, 64..127) of a block is BT
 // rows of 128 bytes, one per token (K-major B), in the 128-byte swizzle: 16-byte chunk c of
@@ -511,19 +511,24 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
   }
 }
 
-// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight>; a CTA owns
-// 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with fewer 128-row
-// tiles than SMs, where tile 0 would split K (auto_wgmma_tile: short-K layers at M = 33..64).
-using WgTile0 = WgTile<64, 1, 6, 4>;
+// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight, warp-specialised>;
+// a CTA owns 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with
+// fewer 128-row tiles than SMs, where tile 0 would split K (auto_wgmma_tile: short-K layers at
+// M = 33..64).
+// The form. One sweep timed every tile in both forms (results/h200/sweep_wgmma_ws_b86fccd.json,
+// the eight shapes at M = 32..2048, where tiles 6-11 were tiles 0-5 warp-specialised): the
+// 64-token tiles ran faster warp-specialised at 47 and 46 of 48 points (tile 0: median 1.095x,
+// range 0.98-1.21x; tile 3: median 1.064x). The 128-token tile ran the same in both forms (median
+// 0.99x), the 32-token one too where auto_wgmma_tile takes it (0.83x and 0.85x of cuBLAS against
+// 0.83x and 0.87x), and the 256-token and 256-row x 128-token tiles lost (medians 0.97x and 0.99x):
+// a CTA of 288 threads caps them at 168 registers and ptxas serialises their wgmmas.
+using WgTile0 = WgTile<64, 1, 6, 4, true>;
 using WgTile1 = WgTile<128, 1, 5, 4>;
 using WgTile2 = WgTile<256, 1, 3, 4>;
-using WgTile3 = WgTile<64, 2, 6, 4>;
+using WgTile3 = WgTile<64, 2, 6, 4, true>;
 using WgTile4 = WgTile<128, 2, 4, 4>;
 using WgTile5 = WgTile<32, 1, 8, 4>;
-// Tiles 6-11: tiles 0-5 in the warp-specialised form (auto_wgmma_tile says which form runs).
-template <typename Cfg>
-using Specialised = WgTile<Cfg::BT, Cfg::MT, Cfg::kStages, Cfg::kDepth, true>;
-constexpr int kWgTiles = 12;
+constexpr int kWgTiles = 6;
 
 struct WgShape {
   int rows, tokens;
@@ -533,8 +538,6 @@ constexpr WgShape wg_shape() {
   return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
-                                         wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
                                          wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
@@ -611,13 +614,7 @@ decltype(auto) with_tile(int t, F&& f) {
     case 2: return f(WgTile2{});
     case 3: return f(WgTile3{});
     case 4: return f(WgTile4{});
-    case 5: return f(WgTile5{});
-    case 6: return f(Specialised<WgTile0>{});
-    case 7: return f(Specialised<WgTile1>{});
-    case 8: return f(Specialised<WgTile2>{});
-    case 9: return f(Specialised<WgTile3>{});
-    case 10: return f(Specialised<WgTile4>{});
-    default: return f(Specialised<WgTile5>{});
+    default: return f(WgTile5{});
   }
 }
 
@@ -625,7 +622,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * ceil_div(M, kWgShapes[t].tokens); }
 
-// The tile shape (one of tiles 0-5) for a call when none is forced, from the H200 sweeps (benchmarks/sweep_tiles.py
+// The tile for a call when none is forced, from the H200 sweeps (benchmarks/sweep_tiles.py
 // --kernel wgmma). Above M = 256 the 256-token tile where its CTAs fill the GPU, else the
 // 128-token one; M = 65..256 the 128-token tile, unless it would leave at most 16 CTAs (N = 1024
 // layers), where the 64-token tile doubles them (results/h200/sweep_wgmma.json; at M = 192 and 256
@@ -647,7 +644,7 @@ int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * c
 constexpr int kLongK = 2048;
 constexpr int kShortKMaxM = 512;
 
-int auto_wgmma_shape(int M, int N, int K, int sms) {
+int auto_wgmma_tile(int M, int N, int K, int sms) {
   if (K < kLongK && M > 32 && M <= 64 && ctas_of(5, M, N) <= sms) return 5;
   if (K < kLongK && M > 64 && M <= kShortKMaxM) {
     for (int t = 0; t < 2; ++t)
@@ -657,18 +654,6 @@ int auto_wgmma_shape(int M, int N, int K, int sms) {
   if (M > 256) return ctas_of(2, M, N) >= sms ? 2 : 1;
   if (M > 64) return ctas_of(1, M, N) <= 16 ? 0 : 1;
   return ctas_of(0, M, N) > sms ? 3 : 0;
-}
-
-// The form: the 64-token tiles (0 and 3) run warp-specialised (6 and 9). In one sweep of every
-// tile in both forms (results/h200/sweep_wgmma_ws_b86fccd.json, the eight shapes at M = 32..2048)
-// tile 6 ran faster than tile 0 at 47 of 48 points (median 1.095x, range 0.98-1.21x) and tile 9
-// faster than tile 3 at 46 (median 1.064x). The 128-token tile ran the same in both forms (median
-// 0.99x) and the 32-token one, where the rule takes it (K = 1024, M = 33..64), too (0.83 and 0.85x
-// of cuBLAS against 0.83 and 0.87x). The 256-token and 256-row tiles need more registers than a
-// CTA of 288 threads leaves them, and ptxas serialises their wgmmas (medians 0.97x and 0.99x).
-int auto_wgmma_tile(int M, int N, int K, int sms) {
-  const int t = auto_wgmma_shape(M, N, K, sms);
-  return t == 0 || t == 3 ? t + 6 : t;
 }
 
 }  // namespace
