@@ -151,6 +151,22 @@ def markdown(rows: list[dict], fp16_bytes: int) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str:
+    """The commit this run's code is (``TERNOP_BENCH_COMMIT`` where the checkout has no git
+    metadata), marked ``-dirty`` when the tree has uncommitted changes to tracked files."""
+    import os
+    import subprocess
+
+    if os.environ.get("TERNOP_BENCH_COMMIT"):
+        return os.environ["TERNOP_BENCH_COMMIT"]
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=HERE, capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def _spec(text: str) -> tuple[str, str, float | None]:
     name, _, rest = text.rpartition("=")  # a row name may hold "=" ("<="), a path does not
     path, _, seconds = rest.rpartition("@") if "@" in rest else (rest, "", "")
@@ -183,8 +199,9 @@ def main() -> int:
     reuse = {name: (path, sec) for name, path, sec in map(_spec, args.reuse)}
     commands = dict(c.partition("=")[::2] for c in args.command)
 
+    commit = _commit()
     fp, ref = score(base, suite, None)
-    rows = [{"name": "fp32", **fp, **checkpoint_bytes(base), "command": None, "seconds": None}]
+    rows = [{"name": "fp32", **fp, **checkpoint_bytes(base), "command": None, "seconds": None, "commit": commit}]
     fp16_bytes = rows[0]["encoder_linear_bytes_fp16_dense"]
     for name in args.rows:
         dst = str(work / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))  # one folder per row
@@ -198,7 +215,7 @@ def main() -> int:
             cmd, how = "ternop " + cmd, "run by this script"
         row, _ = score(dst, suite, ref)
         rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": cmd, "how": how, "seconds": seconds,
-                     "dense_layers": _dense_layers(dst)})  # fmt: skip
+                     "dense_layers": _dense_layers(dst), "commit": commit})  # fmt: skip
         print(markdown(rows, fp16_bytes), flush=True)
     for name, path, seconds in map(_spec, args.artifact):
         dst = str(work / Path(path).stem)
@@ -206,7 +223,8 @@ def main() -> int:
         row, _ = score(dst, suite, ref)
         rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": commands.get(name),
                      "artifact": path, "artifact_sha256": artifact.sha256_of(path), "seconds": seconds,
-                     "dense_layers": [m for m in qc.get("modules_to_not_convert", []) if m.startswith("encoder.")]})  # fmt: skip
+                     "dense_layers": [m for m in qc.get("modules_to_not_convert", []) if m.startswith("encoder.")],
+                     "commit": commit})  # fmt: skip
 
     if args.merge and Path(args.out).exists():
         new = {r["name"] for r in rows}
@@ -224,6 +242,7 @@ def main() -> int:
                          "evaluation": evaldata.__doc__},  # fmt: skip
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},  # fmt: skip
+        "commit": commit,  # of this run; each row made or scored by it has its own "commit" too
         "fp16_encoder_linear_bytes": fp16_bytes,
         "rows": rows,
         "table_markdown": table,
