@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from stamp import git_commit  # noqa: E402
 
 # name -> the ternop command that makes it (MODEL, DST and CALIB are filled in).
 ROWS = {
@@ -151,22 +153,6 @@ def markdown(rows: list[dict], fp16_bytes: int) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    """The commit this run's code is (``TERNOP_BENCH_COMMIT`` where the checkout has no git
-    metadata), marked ``-dirty`` when the tree has uncommitted changes to tracked files."""
-    import os
-    import subprocess
-
-    if os.environ.get("TERNOP_BENCH_COMMIT"):
-        return os.environ["TERNOP_BENCH_COMMIT"]
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=HERE, capture_output=True,
-                             text=True, timeout=30)  # fmt: skip
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() or "unknown"
-
-
 def _spec(text: str) -> tuple[str, str, float | None]:
     name, _, rest = text.rpartition("=")  # a row name may hold "=" ("<="), a path does not
     path, _, seconds = rest.rpartition("@") if "@" in rest else (rest, "", "")
@@ -199,7 +185,7 @@ def main() -> int:
     reuse = {name: (path, sec) for name, path, sec in map(_spec, args.reuse)}
     commands = dict(c.partition("=")[::2] for c in args.command)
 
-    commit = _commit()
+    commit = git_commit()
     fp, ref = score(base, suite, None)
     rows = [{"name": "fp32", **fp, **checkpoint_bytes(base), "command": None, "seconds": None, "commit": commit}]
     fp16_bytes = rows[0]["encoder_linear_bytes_fp16_dense"]
