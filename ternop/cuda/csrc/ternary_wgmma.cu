@@ -571,8 +571,8 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   CUtensorMap x_map, w_map = {};
   err = x_tensor_map(&x_map, x, ldx * 2, M, int64_t{K} * 2, Cfg::BT);
   if (err != cudaSuccess) return err;
-  if constexpr (Cfg::kWS) {  // the codes [N, K / 4] as boxes of 32 bytes (one scale block) x kRows rows
-    err = byte_tensor_map(&w_map, wp, K / 4, N, K / 4, 32, Cfg::kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  if constexpr (Cfg::kWS) {  // the producer warp loads the codes by TMA too
+    err = codes_tensor_map(&w_map, wp, N, K, Cfg::kRows);
     if (err != cudaSuccess) return err;
   }
   const int blocks = K / 128;

@@ -144,6 +144,12 @@ inline cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ld_byte
   return byte_tensor_map(map, x, ld_bytes, M, row_bytes, 128, tokens, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The tensor map of the codes [N rows of K / 4 bytes] in a ternary layout, whose box is one scale
+// block (32 bytes) x `rows` rows, unswizzled; rows past N read as zero.
+inline cudaError_t codes_tensor_map(CUtensorMap* map, const uint8_t* wp, int N, int K, int rows) {
+  return byte_tensor_map(map, wp, K / 4, N, K / 4, 32, rows, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 }  // namespace
 
 }  // namespace ternop

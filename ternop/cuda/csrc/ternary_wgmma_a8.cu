@@ -356,7 +356,7 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
   CUtensorMap q_map, c_map;
   err = x_tensor_map(&q_map, q, K, M, K, Cfg::BT);
   if (err != cudaSuccess) return err;
-  err = byte_tensor_map(&c_map, wp, K / 4, N, K / 4, 32, Cfg::kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  err = codes_tensor_map(&c_map, wp, N, K, Cfg::kRows);
   if (err != cudaSuccess) return err;
   const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
