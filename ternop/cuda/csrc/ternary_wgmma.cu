@@ -188,11 +188,17 @@ struct Wgmma {
 };
 #endif
 
-template <int BT_, int MT_, int kStages_, int kDepth_, bool kWS_ = false>
+// kProducerWarps_: 0, every thread loads; 1, a producer warp loads and the warpgroups compute
+// (warp-specialised); 4, a producer warpgroup loads and gives its registers to the two that compute.
+template <int BT_, int MT_, int kStages_, int kDepth_, int kProducerWarps_ = 0>
 struct WgTile {
   static constexpr int BT = BT_, MT = MT_, kStages = kStages_, kDepth = kDepth_;
-  static constexpr bool kWS = kWS_;  // warp-specialised: a producer warp loads, the warpgroups compute
-  static constexpr int kBlockThreads = kThreads + (kWS ? 32 : 0);
+  static constexpr int kProducerWarps = kProducerWarps_;
+  static constexpr bool kWS = kProducerWarps > 0;  // warp-specialised
+  static constexpr bool kRegShift = kProducerWarps == 4;  // registers move to the computing warpgroups
+  static constexpr int kBlockThreads = kThreads + 32 * kProducerWarps;
+  // Threads that store the output tile: a producer warpgroup has left by then.
+  static constexpr int kEpilogueThreads = kRegShift ? kThreads : kBlockThreads;
   static constexpr int kRows = 64 * MT * kGroups;  // weight rows of the CTA: MT m64 tiles a warpgroup
   static constexpr int kXHalfBytes = BT * 128;
   static constexpr int kXBytes = 2 * kXHalfBytes;
@@ -205,7 +211,13 @@ struct WgTile {
   static_assert(8 % kDepth == 0 && kDepth >= 2, "A register sets cycle within a block's eight k16 steps");
   static_assert(BT * 16 % kThreads == 0 && kRows * 2 % kThreads == 0, "whole 16-byte chunks per thread");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
+  static_assert(kProducerWarps == 0 || kProducerWarps == 1 || kProducerWarps == 4, "a warp or a warpgroup");
 };
+
+// The register split of a CTA of 384 threads (65536 registers, 168 a thread at launch): the
+// producer warpgroup keeps 40, the two computing warpgroups take 232 (128 x 40 + 256 x 232 = 64512).
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
 
 // Issues the loads of scale block kb into a stage: x [BT x 128] as two boxes of the tensor map
 // (thread 0; the tensor-memory-access unit swizzles them and zero-fills tokens past M), and the
@@ -288,7 +300,7 @@ __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg
   __syncthreads();
   constexpr int kPitch = kTilePitch<E, Cfg>, V = 16 / static_cast<int>(sizeof(E)), kChunks = Cfg::kRows / V;
   const bool vector = N % V == 0;
-  for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += Cfg::kBlockThreads) {
+  for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += Cfg::kEpilogueThreads) {
     const int t = i / kChunks, c = i % kChunks;
     const int m = m0 + t, n = n0 + c * V;
     if (m >= M || n >= N) continue;
@@ -300,6 +312,13 @@ __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg
       for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
     }
   }
+}
+
+// Every thread of the cluster's CTAs arrives, then waits for all of them.
+__device__ __forceinline__ void cluster_sync() {
+#if TERNOP_HAS_WGMMA
+  cooperative_groups::this_cluster().sync();
+#endif
 }
 
 // A CTA of a split of K summed in a cluster (one of its S = gridDim.z CTAs, rank blockIdx.z): its fp32
@@ -315,12 +334,12 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x < kThreads) stage_tile<float, Cfg, T>(tile, acc, row, q, nullptr, n0, N);
-  cluster.sync();
+  cluster_sync();
   constexpr int kPitch = kTilePitch<float, Cfg>, kChunks = Cfg::kRows / 8;
   const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   const int per = Cfg::BT / splits;  // splits is a power of two up to 8, BT one of 32 and more
-  for (int i = threadIdx.x; i < per * kChunks; i += Cfg::kBlockThreads) {
+  for (int i = threadIdx.x; i < per * kChunks; i += Cfg::kEpilogueThreads) {
     const int t = rank * per + i / kChunks, c = i % kChunks;
     const int m = m0 + t, n = n0 + c * 8;
     if (m >= M || n >= N) continue;
@@ -337,7 +356,7 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
       for (int e = 0; e < 8; ++e) v[e] += Fp<T>::to_float(bias[min(n + e, N - 1)]);
     store8<T>(out, m, n, N, v);
   }
-  cluster.sync();
+  cluster_sync();
 #endif
 }
 
@@ -392,8 +411,9 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
   // ordinary instructions would make ptxas serialize every wgmma of the loop.
   float acc[MT][R];
 
-  if (Cfg::kWS && warp == 4 * kGroups) {  // the producer
-    if (lane == 0) {
+  if (Cfg::kWS && warp >= 4 * kGroups) {  // the producer
+    if constexpr (Cfg::kRegShift) setmaxnreg_dec<kProducerRegs>();
+    if (warp == 4 * kGroups && lane == 0) {
       for (int i = 0; i < count; ++i) {
         const int slot = i % kStages;
         if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
@@ -405,7 +425,21 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
         tma_load(stage + Cfg::kXBytes, &w_map, kb * 32, n0, bar);  // rows past N read as zero
       }
     }
+    if constexpr (Cfg::kRegShift) {
+      // Left with 40 registers, the producer warpgroup takes no part in the epilogue: it meets the
+      // other warps at the epilogue's barriers (bar.sync and barrier.cluster count arrivals, not
+      // places in the code) and leaves.
+      __syncthreads();
+      if (partial == nullptr && gridDim.z > 1) {
+        cluster_sync();
+        cluster_sync();
+      } else {
+        __syncthreads();
+      }
+      return;
+    }
   } else {
+    if constexpr (Cfg::kRegShift) setmaxnreg_inc<kConsumerRegs>();
     const __half* ps0 = ws + kb_begin;
     int srow[MT][2];
     __half sc[MT][2];  // this block's scales, loaded a block ahead
@@ -522,13 +556,16 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
 // 0.99x), the 32-token one too where auto_wgmma_tile takes it (0.83x and 0.85x of cuBLAS against
 // 0.83x and 0.87x), and the 256-token and 256-row x 128-token tiles lost (medians 0.97x and 0.99x):
 // a CTA of 288 threads caps them at 168 registers and ptxas serialises their wgmmas.
-using WgTile0 = WgTile<64, 1, 6, 4, true>;
+using WgTile0 = WgTile<64, 1, 6, 4, 1>;
 using WgTile1 = WgTile<128, 1, 5, 4>;
 using WgTile2 = WgTile<256, 1, 3, 4>;
-using WgTile3 = WgTile<64, 2, 6, 4, true>;
+using WgTile3 = WgTile<64, 2, 6, 4, 1>;
 using WgTile4 = WgTile<128, 2, 4, 4>;
 using WgTile5 = WgTile<32, 1, 8, 4>;
-constexpr int kWgTiles = 6;
+using WgTile6 = WgTile<128, 1, 6, 4, 4>;
+using WgTile7 = WgTile<256, 1, 3, 4, 4>;
+using WgTile8 = WgTile<128, 2, 5, 4, 4>;
+constexpr int kWgTiles = 9;
 
 struct WgShape {
   int rows, tokens;
@@ -538,7 +575,8 @@ constexpr WgShape wg_shape() {
   return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
+                                         wg_shape<WgTile6>(), wg_shape<WgTile7>(), wg_shape<WgTile8>()};
 
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
 // `clustered`, through `cluster`, which must outlive the config. The launch and the occupancy
@@ -614,6 +652,9 @@ decltype(auto) with_tile(int t, F&& f) {
     case 2: return f(WgTile2{});
     case 3: return f(WgTile3{});
     case 4: return f(WgTile4{});
+    case 6: return f(WgTile6{});
+    case 7: return f(WgTile7{});
+    case 8: return f(WgTile8{});
     default: return f(WgTile5{});
   }
 }

@@ -98,6 +98,23 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
 #endif
 }
 
+// Warp-specialised kernels move registers between warpgroups: a producer warpgroup that only issues
+// TMA gives registers back to the CTA's pool (dec), the warpgroups holding accumulators take them
+// (inc, which waits until the pool has them). Every warp of a warpgroup runs the same one.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+
 // Keeps the compiler from moving reads or writes of the accumulators across a wgmma wait.
 template <int R>
 __device__ __forceinline__ void fence_acc(float (&d)[R]) {
