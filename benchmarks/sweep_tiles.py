@@ -44,7 +44,7 @@ SMALL_MS = [1, 4, 8, 12, 16]
 # kernel -> (op name, number of tiles, weight layout, one scale per row)
 KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
-    "wgmma": ("linear_cuda_wgmma", 9, "a16", False),
+    "wgmma": ("linear_cuda_wgmma", 6, "a16", False),
     "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
     "wgmma_a8_row": ("linear_cuda_wgmma_a8", 4, "a8", True),
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA

@@ -18,8 +18,8 @@
 // codes [rows x 32 bytes] (cp.async) in shared memory, kStages - 2 blocks ahead: a slot is
 // refilled two blocks after its last wgmma was issued, by which time every warpgroup has waited
 // for it (wait_group after each wgmma, then the barrier at the top of the block), so no drain is
-// needed between blocks. The 64-token tiles (0 and 3) run warp-specialised instead: a producer
-// warp loads, and the kernel's comment says how.
+// needed between blocks. The other tiles run warp-specialised instead: a producer warp (64-token
+// tiles 0 and 3) or warpgroup (tiles 1, 2 and 4) loads, and the kernel's comment says how.
 //
 // x in shared memory, as the descriptor reads it. Each half (k 0..63, 64..127) of a block is BT
 // rows of 128 bytes, one per token (K-major B), in the 128-byte swizzle: 16-byte chunk c of
@@ -360,13 +360,16 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 #endif
 }
 
-// The kernel, in two forms (Cfg::kWS). In the first every thread takes part in loading: thread 0
-// issues the TMA of x, every thread cp.asyncs its share of the codes, and the CTA meets at a
-// barrier once a block. In the warp-specialised form a ninth warp (the producer) issues all of a
-// stage's loads as three TMA boxes (x twice, the codes once) on the stage's "full" mbarrier, and
-// the two warpgroups never meet in the loop: each waits for a stage's "full" barrier and, once the
-// wgmmas that read a stage are done, arrives on its "empty" one, which the producer waits for
-// before refilling it. Every stage is in flight, not kStages - 2.
+// The kernel, in three forms (Cfg::kProducerWarps). In the first every thread takes part in
+// loading: thread 0 issues the TMA of x, every thread cp.asyncs its share of the codes, and the CTA
+// meets at a barrier once a block. In the warp-specialised forms a producer issues all of a stage's
+// loads as three TMA boxes (x twice, the codes once) on the stage's "full" mbarrier, and the two
+// warpgroups never meet in the loop: each waits for a stage's "full" barrier and, once the wgmmas
+// that read a stage are done, arrives on its "empty" one, which the producer waits for before
+// refilling it. Every stage is in flight, not kStages - 2. The producer is a ninth warp, which
+// caps every thread at 168 registers (288 threads), or a third warpgroup, which gives all but 40
+// of its registers to the two that compute (232 each: room for 256 tokens of accumulators) and
+// leaves before the epilogue.
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
@@ -545,27 +548,27 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
   }
 }
 
-// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight, warp-specialised>;
+// The tiles: <tokens BT, m64 tiles a warpgroup MT, stages, wgmma groups in flight, producer warps>;
 // a CTA owns 128 MT weight rows. Tile 5 (32 tokens) doubles the CTAs of tile 0 on a layer with
 // fewer 128-row tiles than SMs, where tile 0 would split K (auto_wgmma_tile: short-K layers at
 // M = 33..64).
-// The form. One sweep timed every tile in both forms (results/h200/sweep_wgmma_ws_b86fccd.json,
-// the eight shapes at M = 32..2048, where tiles 6-11 were tiles 0-5 warp-specialised): the
-// 64-token tiles ran faster warp-specialised at 47 and 46 of 48 points (tile 0: median 1.095x,
-// range 0.98-1.21x; tile 3: median 1.064x). The 128-token tile ran the same in both forms (median
-// 0.99x), the 32-token one too where auto_wgmma_tile takes it (0.83x and 0.85x of cuBLAS against
-// 0.83x and 0.87x), and the 256-token and 256-row x 128-token tiles lost (medians 0.97x and 0.99x):
-// a CTA of 288 threads caps them at 168 registers and ptxas serialises their wgmmas.
+// The forms. A same-run sweep of every tile in the first two forms (results/h200/
+// sweep_wgmma_ws_b86fccd.json, the eight shapes at M = 32..2048) had the 64-token tiles faster with
+// a producer warp at 47 and 46 of 48 points (tile 0: median 1.095x, range 0.98-1.21x; tile 3: median
+// 1.064x); the 128-token tile ran the same in both forms, the 32-token one too (0.83x and 0.85x of
+// cuBLAS where auto_wgmma_tile takes it, against 0.83x and 0.87x), and the 256-token and 256-row x
+// 128-token tiles lost: 288 threads cap a thread at 168 registers and ptxas serialised their
+// wgmmas. A producer warpgroup that gives its registers to the computing ones removes that cap:
+// the sweep at e697c98 (results/h200/sweep_wgmma_wg_e697c98.json, M = 128..2048, where tiles 6-8
+// were tiles 1, 2 and 4 in that form) had them faster at 36, 35 and 37 of 40 points (medians 1.04x,
+// 1.02x and 1.16x; at most 1.09x, 1.12x and 1.26x faster, 2%, 4% and 3% slower).
 using WgTile0 = WgTile<64, 1, 6, 4, 1>;
-using WgTile1 = WgTile<128, 1, 5, 4>;
-using WgTile2 = WgTile<256, 1, 3, 4>;
+using WgTile1 = WgTile<128, 1, 6, 4, 4>;
+using WgTile2 = WgTile<256, 1, 3, 4, 4>;
 using WgTile3 = WgTile<64, 2, 6, 4, 1>;
-using WgTile4 = WgTile<128, 2, 4, 4>;
+using WgTile4 = WgTile<128, 2, 5, 4, 4>;
 using WgTile5 = WgTile<32, 1, 8, 4>;
-using WgTile6 = WgTile<128, 1, 6, 4, 4>;
-using WgTile7 = WgTile<256, 1, 3, 4, 4>;
-using WgTile8 = WgTile<128, 2, 5, 4, 4>;
-constexpr int kWgTiles = 9;
+constexpr int kWgTiles = 6;
 
 struct WgShape {
   int rows, tokens;
@@ -575,8 +578,7 @@ constexpr WgShape wg_shape() {
   return {Cfg::kRows, Cfg::BT};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
-                                         wg_shape<WgTile6>(), wg_shape<WgTile7>(), wg_shape<WgTile8>()};
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
 
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
 // `clustered`, through `cluster`, which must outlive the config. The launch and the occupancy
@@ -652,9 +654,6 @@ decltype(auto) with_tile(int t, F&& f) {
     case 2: return f(WgTile2{});
     case 3: return f(WgTile3{});
     case 4: return f(WgTile4{});
-    case 6: return f(WgTile6{});
-    case 7: return f(WgTile7{});
-    case 8: return f(WgTile8{});
     default: return f(WgTile5{});
   }
 }
@@ -663,38 +662,67 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * ceil_div(M, kWgShapes[t].tokens); }
 
-// The tile for a call when none is forced, from the H200 sweeps (benchmarks/sweep_tiles.py
-// --kernel wgmma). Above M = 256 the 256-token tile where its CTAs fill the GPU, else the
-// 128-token one; M = 65..256 the 128-token tile, unless it would leave at most 16 CTAs (N = 1024
-// layers), where the 64-token tile doubles them (results/h200/sweep_wgmma.json; at M = 192 and 256
-// on 2048 -> 1024 and 3072 -> 1024 it ran 0.76-0.83x of cuBLAS bf16 against 0.70-0.82x,
-// results/h200/sweep_wgmma_06b_af5f740.json). Up to M = 64 one 64-token tile holds every token,
-// and the 128-token tile only adds MMAs on zero rows: 128 weight rows a CTA, or 256 (tile 3) where
-// 128-row CTAs would need a second wave (results/h200/sweep_wgmma_small_m_8997d70.json: on
-// 4096 -> 28672 tile 3 ran 1.51-1.63x of cuBLAS bf16 at M = 8..64 against 1.29-1.38x for tile 0
-// and 0.79-1.01x for the 128-token tile).
-// Short-K layers at M = 65..512 (K below kLongK, the bound configs.py's WGMMA_SMALL_M_MIN_K also
-// draws; measured on K = 1024): a CTA walks at most 15 scale blocks, so its prologue and epilogue
-// weigh, and a second wave or a split of K costs more than it saves. There the tile of 128 weight
-// rows with the most CTAs that still fit one wave wins: 0.59-0.90x on 1024 -> 4096 and
-// 1024 -> 6144 where the rule above ran 0.52-0.81x (sweep_wgmma_06b_af5f740.json). At M = 33..64
-// the same holds for the 32-token tile (5) where its CTAs fit one wave: on 1024 -> 4096 at M = 64 it
-// makes 64 CTAs whose splits in two add up in clusters, where tile 0's 32 CTAs split four ways, more
-// clusters than the GPCs hold at once, and go through the workspace: 0.78x against 0.68x
+// Splits of K for tile t: the most (a power of two up to 16) whose CTAs still fit in one wave, one
+// CTA an SM (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past
+// one wave gains nothing: twice the splits over two waves is the same time per SM, plus a prologue
+// and an epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so
+// 112 tiles on 132 SMs ran as 224 half-K CTAs in two waves). The splits add up inside clusters
+// where the device runs all `tiles` clusters of that size at once (ternary_wgmma_cluster_sums),
+// else through an fp32 workspace [splits, M, N] that linear_cuda.cpp allocates. Capping the splits
+// at what the clusters allow instead ran 4096 -> 4096 at M = 33..128 at 0.74-0.91x of cuBLAS bf16
+// where the workspace ran 0.93-1.28x (results/h200/bench_linear_mid_m_7cdd483.json).
+int splits_of(int t, int M, int N, int K, int sms) {
+  const int64_t tiles = ctas_of(t, M, N);
+  const int blocks = K / 128;
+  int splits = 1;
+  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
+  return splits;
+}
+
+// The time of tile t on a call, in units of one scale block of tile 1 (128 tokens x 128 rows):
+// the waves of CTAs, each walking its share of the scale blocks at kBlockCost[t] plus one unit of
+// prologue and epilogue, and one unit per split for adding the splits up. kBlockCost is what a
+// scale block costs each tile against tile 1 (the 64-token tile decodes its rows for half the
+// tokens; the 256-token and 256-row tiles do twice tile 1's MMAs a block, a little faster than
+// two of its blocks); tiles 3 and 5 are not ranked (the rules for M <= 64 below take them).
+// Fitted to the sweep at e697c98 (results/h200/sweep_wgmma_wg_e697c98.json: the eight shapes at
+// M = 128, 256, 512, 1024 and 2048, each tile in both forms): the model's tile is within 2.3% of
+// the fastest at every one of those 40 points (5% summed over them), where the rule before it (the
+// 256-token tile only from M = 257 and where its CTAs fill the GPU; the 64-token tile on K = 1024
+// layers up to M = 512 while its CTAs fit one wave) lost up to 24% (14336 -> 4096 at M = 1024: 0.81x
+// of cuBLAS bf16 against 1.00x) and 268% summed; with the new forms the model's choice is 1.07x
+// as fast as the old rule's on average.
+constexpr double kBlockCost[kWgTiles] = {0.65, 1.0, 1.9, 0.0, 2.0, 0.0};
+constexpr int kRanked[] = {0, 1, 2, 4};
+
+double tile_cost(int t, int M, int N, int K, int sms) {
+  const int splits = splits_of(t, M, N, K, sms);
+  const int64_t waves = ceil_div(ctas_of(t, M, N) * splits, sms);
+  return static_cast<double>(waves) * (kBlockCost[t] * (K / 128) / splits + 1.0) + (splits > 1 ? splits : 0);
+}
+
+// The tile for a call when none is forced. Above M = 64, the cheapest by tile_cost. Up to M = 64
+// one 64-token tile holds every token, and the 128-token tile only adds MMAs on zero rows: 128
+// weight rows a CTA, or 256 (tile 3) where 128-row CTAs would need a second wave
+// (results/h200/sweep_wgmma_small_m_8997d70.json: on 4096 -> 28672 tile 3 ran 1.51-1.63x of cuBLAS
+// bf16 at M = 8..64 against 1.29-1.38x for tile 0 and 0.79-1.01x for the 128-token tile). Short-K
+// layers (K below kLongK, the bound configs.py's WGMMA_SMALL_M_MIN_K also draws) at M = 33..64 take
+// the 32-token tile (5) where its CTAs fit one wave: on 1024 -> 4096 at M = 64 it makes 64 CTAs
+// whose splits in two add up in clusters, where tile 0's 32 CTAs split four ways, more clusters
+// than the GPCs hold at once, and go through the workspace: 0.78x against 0.68x
 // (sweep_wgmma_06b_f5091fa.json; on 1024 -> 6144 0.86x against 0.85x).
 constexpr int kLongK = 2048;
-constexpr int kShortKMaxM = 512;
 
 int auto_wgmma_tile(int M, int N, int K, int sms) {
   if (K < kLongK && M > 32 && M <= 64 && ctas_of(5, M, N) <= sms) return 5;
-  if (K < kLongK && M > 64 && M <= kShortKMaxM) {
-    for (int t = 0; t < 2; ++t)
-      if (ctas_of(t, M, N) <= sms) return t;
-    return 2;
+  if (M <= 64) return ctas_of(0, M, N) > sms ? 3 : 0;
+  int best = kRanked[0];
+  double best_cost = tile_cost(best, M, N, K, sms);
+  for (int t : kRanked) {
+    const double c = tile_cost(t, M, N, K, sms);
+    if (c < best_cost) best = t, best_cost = c;
   }
-  if (M > 256) return ctas_of(2, M, N) >= sms ? 2 : 1;
-  if (M > 64) return ctas_of(1, M, N) <= 16 ? 0 : 1;
-  return ctas_of(0, M, N) > sms ? 3 : 0;
+  return best;
 }
 
 }  // namespace
@@ -723,21 +751,9 @@ int clusters_of(int tile, int splits) {
 
 }  // namespace
 
-// Splits of K: the most (a power of two up to 16) whose CTAs still fit in one wave, one CTA an SM
-// (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past one wave
-// gains nothing: twice the splits over two waves is the same time per SM, plus a prologue and an
-// epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so 112
-// tiles on 132 SMs ran as 224 half-K CTAs in two waves). The splits add up inside clusters where
-// the device runs all `tiles` clusters of that size at once (ternary_wgmma_cluster_sums), else
-// through an fp32 workspace [splits, M, N] that linear_cuda.cpp allocates. Capping the splits at
-// what the clusters allow instead ran 4096 -> 4096 at M = 33..128 at 0.74-0.91x of cuBLAS bf16
-// where the workspace ran 0.93-1.28x (results/h200/bench_linear_mid_m_7cdd483.json).
+// Splits of K for the call's tile (splits_of above).
 int ternary_wgmma_splits(int M, int N, int K, int sms, int tile) {
-  const int64_t tiles = ctas_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N);
-  const int blocks = K / 128;
-  int splits = 1;
-  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
-  return splits;
+  return splits_of(ternary_wgmma_tile(M, N, K, sms, tile), M, N, K, sms);
 }
 
 bool ternary_wgmma_cluster_sums(int M, int N, int K, int sms, int tile, int splits) {
