@@ -109,13 +109,13 @@ _BIG = 1 << 62
 #   0.76-1.17x at M = 64, against 0.7-1.16x and 0.72-1.07x for triton_a16 (bench_linear at
 #   e72dcf5). At M = 96..512 no tile of it reached triton_a16 or cuda_dequant.
 # - cuda_wgmma (Hopper wgmma, a16 layout) from M = 17 where the layer is large enough, from
-#   M = 9 on the widest up-projections, every layer at M = 65..256, and above that the K = 1024
-#   layers up to M = 512 and the large ones up to M = 2048 (wgmma_declines below, which cites the
-#   measurements): benchmarks/sweep_tiles.py --kernel wgmma at b6c4a88 (results/h200/sweep_wgmma.json),
-#   best tile against cuBLAS bf16 on the eight shapes: M = 65..128: 0.77-1.26x where K >= 2048
-#   (triton_a16: 0.55-0.89x), but 0.47-0.65x at K = 1024 with the tiles chosen then (0.59-0.78x with
-#   the tile rule of af5f740's sweep); M = 256..2048: 0.81-1.0x where N * K >= 2^25 (cuda_dequant:
-#   0.57-0.91x). Above M = 2048 cuda_dequant (0.9-1.0x) stays.
+#   M = 9 on the widest up-projections, and every layer at M = 65..2048 (wgmma_declines below,
+#   which cites the measurements): benchmarks/sweep_tiles.py --kernel wgmma at b6c4a88
+#   (results/h200/sweep_wgmma.json), best tile against cuBLAS bf16 on the eight shapes: M = 65..128:
+#   0.77-1.26x where K >= 2048 (triton_a16: 0.55-0.89x); M = 256..2048: 0.81-1.0x where
+#   N * K >= 2^25 (cuda_dequant: 0.57-0.91x). Since the producer-warpgroup tiles and their cost
+#   model (sweep_wgmma_wg_e697c98.json) every layer: see WGMMA_MAX_M. Above M = 2048
+#   cuda_dequant (0.9-1.0x) stays.
 # - triton_a16 from M = 65 (17 for v1 weights) where cuda_wgmma cannot run (v1 weights, other GPUs),
 #   with split-K: single programs walking all of K were latency-bound (v2 against v1 of the sweep).
 # - dequant_cublas from M = 256 (MIN_M): 0.64x, 0.71x, 0.81x, 0.88x at M = 256..2048,
@@ -207,8 +207,7 @@ MIN_M: dict[str, dict[str, int]] = {
 # Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_MID_M (one 64-token
 # tile) the layers with N * K >= WGMMA_MID_MIN_NK and K >= WGMMA_SMALL_M_MIN_K, and from
 # WGMMA_SHORT_K_MID_MIN_M the K = 1024 layers with N * K >= WGMMA_SHORT_K_MID_MIN_NK; up to
-# WGMMA_ALL_M every layer; up to WGMMA_SHORT_K_MAX_M the layers with K < WGMMA_SMALL_M_MIN_K, and
-# up to WGMMA_MAX_M the layers with N * K >= WGMMA_LARGE_MIN_NK.
+# WGMMA_MAX_M every layer.
 # M = 17..64: benchmarks/sweep_tiles.py --kernel wgmma --ms 8 16 24 32 48 64 at 8997d70
 # (results/h200/sweep_wgmma_small_m_8997d70.json), its 64-token tiles against cuBLAS bf16: 1.24-1.63x
 # on the four 8B shapes, where cuda_mma_tiles ran 1.17-1.50x at M = 32 and 0.72-1.03x at M = 64
@@ -244,10 +243,14 @@ WGMMA_WIDE_ROWS_PER_CTA = 256  # the auto tile's rows a CTA on layers this wide 
 WGMMA_SHORT_K_MID_MIN_M = 33
 WGMMA_SHORT_K_MID_MIN_NK = 1 << 22
 WGMMA_SMALL_M_MIN_K = 2048
-WGMMA_ALL_M = 256
-WGMMA_SHORT_K_MAX_M = 512
+# M = 65..2048, every layer. Before e697c98 only M = 65..256 was every layer's; above that the
+# K = 1024 layers ran cuda_wgmma to M = 512 and those with N * K >= 2^25 to M = 2048, the rest
+# cuda_dequant. The producer-warpgroup tiles and the tile cost model of ternary_wgmma.cu, in the
+# sweep at e697c98 (sweep_wgmma_wg_e697c98.json), against cuBLAS bf16, with cuda_dequant of the
+# c8f9e4e bench_linear run beside them: 4096 -> 4096 0.93x against 0.68x at M = 512 and 0.95x
+# against 0.88x at 2048; the N = 1024 layers 0.70-0.72x against 0.70x at M = 512, 0.88x against
+# 0.82-0.84x at 2048; 1024 -> 4096 and 1024 -> 6144 at 2048 0.89-0.91x against 0.86-0.88x.
 WGMMA_MAX_M = 2048
-WGMMA_LARGE_MIN_NK = 1 << 25
 
 
 # dequant_a8 wants at least this many output tiles per SM: at M = 2048 on the N = 1024 layers
@@ -293,15 +296,9 @@ def wgmma_declines(m: int, n: int, k: int, sms: int) -> str:
                 f"N * K >= {WGMMA_MID_MIN_NK} and K >= {WGMMA_SMALL_M_MIN_K}, and from M = "
                 f"{WGMMA_SHORT_K_MID_MIN_M} those with K < {WGMMA_SMALL_M_MIN_K} and N * K >= "
                 f"{WGMMA_SHORT_K_MID_MIN_NK}; cuda_mma_tiles is faster on the others")
-    if m <= WGMMA_ALL_M:
+    if m <= WGMMA_MAX_M:
         return ""
-    if m <= WGMMA_SHORT_K_MAX_M and k < WGMMA_SMALL_M_MIN_K:
-        return ""
-    if m <= WGMMA_MAX_M and n * k >= WGMMA_LARGE_MIN_NK:
-        return ""
-    return (f"M={m}, N={n}, K={k}: above M = {WGMMA_ALL_M} cuda_wgmma runs layers with K < "
-            f"{WGMMA_SMALL_M_MIN_K} up to M = {WGMMA_SHORT_K_MAX_M} and layers with N * K >= "
-            f"{WGMMA_LARGE_MIN_NK} up to M = {WGMMA_MAX_M}; the dequantizing path is faster here")
+    return f"M={m}: cuda_wgmma runs up to M = {WGMMA_MAX_M}; the dequantizing path is faster above"
 
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}
