@@ -250,6 +250,9 @@ WGMMA_SMALL_M_MIN_K = 2048
 # c8f9e4e bench_linear run beside them: 4096 -> 4096 0.93x against 0.68x at M = 512 and 0.95x
 # against 0.88x at 2048; the N = 1024 layers 0.70-0.72x against 0.70x at M = 512, 0.88x against
 # 0.82-0.84x at 2048; 1024 -> 4096 and 1024 -> 6144 at 2048 0.89-0.91x against 0.86-0.88x.
+# The bench_linear run at 4dba057 timed both backends in one run (bench_linear_4dba057.json):
+# 4096 -> 4096 0.89x against 0.68x at M = 512, the N = 1024 layers 0.86-0.87x against 0.82-0.84x
+# at 2048, but 0.67x against 0.70x at 512 on those two layers, the one place cuda_dequant still led.
 WGMMA_MAX_M = 2048
 
 
