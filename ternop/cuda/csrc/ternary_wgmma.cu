@@ -680,8 +680,8 @@ int splits_of(int t, int M, int N, int K, int sms) {
 }
 
 // The time of tile t on a call, in units of one scale block of tile 1 (128 tokens x 128 rows):
-// the waves of CTAs, each walking its share of the scale blocks at kBlockCost[t] plus one unit of
-// prologue and epilogue, and one unit per split for adding the splits up. kBlockCost is what a
+// the waves of CTAs, each walking its share of the scale blocks at its block_cost plus one unit of
+// prologue and epilogue, and one unit per split for adding the splits up. block_cost is what a
 // scale block costs each tile against tile 1 (the 64-token tile decodes its rows for half the
 // tokens; the 256-token and 256-row tiles do twice tile 1's MMAs a block, a little faster than
 // two of its blocks); tiles 3 and 5 are not ranked (the rules for M <= 64 below take them).
@@ -694,13 +694,16 @@ int splits_of(int t, int M, int N, int K, int sms) {
 // as fast as the old rule's on average. Where it was not fitted (M = 96, 192, 384, 768 and 1536,
 // sweep_wgmma_rule_4dba057.json) it was within 3% of the fastest tile at 37 of 40 points, at
 // worst 6% (14336 -> 4096 at M = 384).
-constexpr double kBlockCost[kWgTiles] = {0.65, 1.0, 1.9, 0.0, 2.0, 0.0};
-constexpr int kRanked[] = {0, 1, 2, 4};
+struct RankedTile {
+  int tile;
+  double block_cost;
+};
+constexpr RankedTile kRanked[] = {{0, 0.65}, {1, 1.0}, {2, 1.9}, {4, 2.0}};
 
-double tile_cost(int t, int M, int N, int K, int sms) {
-  const int splits = splits_of(t, M, N, K, sms);
-  const int64_t waves = ceil_div(ctas_of(t, M, N) * splits, sms);
-  return static_cast<double>(waves) * (kBlockCost[t] * (K / 128) / splits + 1.0) + (splits > 1 ? splits : 0);
+double tile_cost(RankedTile r, int M, int N, int K, int sms) {
+  const int splits = splits_of(r.tile, M, N, K, sms);
+  const int64_t waves = ceil_div(ctas_of(r.tile, M, N) * splits, sms);
+  return static_cast<double>(waves) * (r.block_cost * (K / 128) / splits + 1.0) + (splits > 1 ? splits : 0);
 }
 
 // The tile for a call when none is forced. Above M = 64, the cheapest by tile_cost. Up to M = 64
@@ -718,11 +721,11 @@ constexpr int kLongK = 2048;
 int auto_wgmma_tile(int M, int N, int K, int sms) {
   if (K < kLongK && M > 32 && M <= 64 && ctas_of(5, M, N) <= sms) return 5;
   if (M <= 64) return ctas_of(0, M, N) > sms ? 3 : 0;
-  int best = kRanked[0];
-  double best_cost = tile_cost(best, M, N, K, sms);
-  for (int t : kRanked) {
-    const double c = tile_cost(t, M, N, K, sms);
-    if (c < best_cost) best = t, best_cost = c;
+  int best = -1;
+  double best_cost = 0.0;
+  for (const RankedTile& r : kRanked) {
+    const double c = tile_cost(r, M, N, K, sms);
+    if (best < 0 || c < best_cost) best = r.tile, best_cost = c;
   }
   return best;
 }
