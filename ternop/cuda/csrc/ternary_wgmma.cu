@@ -409,6 +409,8 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
   const int kb_begin = blockIdx.z * blocks_per_split;
   const int count = max(0, min(blocks_per_split, blocks - kb_begin));
   const int64_t row_bytes = K / 4;
+  // The epilogue sums the splits of K in a cluster (else it stores fp32 partials, or the tile).
+  const bool cluster_sum = partial == nullptr && gridDim.z > 1;
 
   // The first wgmma of each tile overwrites its accumulators (scale-d 0): zeroing them with
   // ordinary instructions would make ptxas serialize every wgmma of the loop.
@@ -433,7 +435,7 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
       // other warps at the epilogue's barriers (bar.sync and barrier.cluster count arrivals, not
       // places in the code) and leaves.
       __syncthreads();
-      if (partial == nullptr && gridDim.z > 1) {
+      if (cluster_sum) {
         cluster_sync();
         cluster_sync();
       } else {
@@ -541,7 +543,7 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
   if (partial != nullptr) {
     store_tile<float, Cfg, T>(tile, acc, row, q, nullptr, partial + static_cast<int64_t>(blockIdx.z) * M * N, m0, M,
                               n0, N);
-  } else if (gridDim.z > 1) {
+  } else if (cluster_sum) {
     cluster_reduce_store<Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
   } else {
     store_tile<T, Cfg, T>(tile, acc, row, q, bias, out, m0, M, n0, N);
