@@ -194,8 +194,9 @@ def _can_implement(b, call, below_floors: bool) -> bool:
             os.environ[backends.ENV_BACKEND] = saved
 
 
-def impls(x, tern, dense, marlin=None, below_floors=False):
-    """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies."""
+def impls(x, tern, dense, marlin=None, below_floors=False, only=None):
+    """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies;
+    ``only``, a set of backend names, keeps just those backends' forced rows."""
     q, q_scale = quantize_rows(x)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
     v1, a16, a8, a8r = tern["v1"], tern["a16"], tern["a8"], tern["a8 row"]
@@ -215,6 +216,8 @@ def impls(x, tern, dense, marlin=None, below_floors=False):
         marlin_call, copies = marlin
         res["marlin_w4a16"] = (lambda i: marlin_call(x, i), copies)
     for b in backends.available("cuda"):
+        if only is not None and b.name not in only:
+            continue
         for bits, weights in ((16, "a16"), (16, "v1"), (8, "a8"), (8, "a8 row")):
             w, layout = tern[weights], weights.split()[0]
             call = backends.LinearCall(x, *w[0], None, bits, layout)
@@ -246,6 +249,10 @@ def families(chosen=None) -> dict[str, list[tuple[int, int]]]:
 def run_bench(args, save=None) -> dict:
     """Times every implementation; ``save(report)`` is called after each shape (a cut-off run keeps what it measured)."""
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])  # load backends
+    unknown = sorted((args.backends or set()) - {b.name for b in backends.available("cuda")})
+    if unknown:
+        known = ", ".join(b.name for b in backends.available("cuda"))
+        raise SystemExit(f"--backends: no CUDA backend {', '.join(unknown)}; these are registered: {known}")
     results = []
     for family, shapes in families(args.shapes).items():
         for k, n in shapes:
@@ -260,7 +267,7 @@ def run_bench(args, save=None) -> dict:
             marlin = make_marlin(k, n, copies_for(n * k // 2)) if args.marlin else None
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
-                cell = impls(x, tern, dense, marlin, args.below_floors)
+                cell = impls(x, tern, dense, marlin, args.below_floors, args.backends)
                 calls = max(c for _, c in cell.values())
                 graphs = {}
                 for name, (fn, _) in cell.items():
@@ -345,6 +352,13 @@ def _shape_list(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def _backend_set(text: str) -> set[str]:
+    names = {name for name in text.split(",") if name}
+    if not names:
+        raise argparse.ArgumentTypeError(f"backends are NAME[,NAME...], not {text!r}")
+    return names
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/bench_linear.json"))
@@ -355,6 +369,9 @@ def main(argv=None) -> int:
     parser.add_argument("--below-floors", action="store_true",
                         help="time every backend that can run the call, also where the dispatch's speed rules "
                              "(M floors, tile-count rules) keep it out, as TERNOP_BACKEND would force it")
+    parser.add_argument("--backends", type=_backend_set, default=None,
+                        help="time only these backends' forced rows, e.g. cuda_wgmma,cuda_dequant (the "
+                             "dispatcher's and the reference rows are always timed)")
     parser.add_argument("--no-marlin", dest="marlin", action="store_false",
                         help="leave out vLLM's Marlin W4A16 row (it is left out by itself when vLLM is absent)")
     args = parser.parse_args(argv)
