@@ -207,7 +207,7 @@ MIN_M: dict[str, dict[str, int]] = {
 # Where cuda_wgmma serves an M of its bucket (see the sweep above): up to WGMMA_MID_M (one 64-token
 # tile) the layers with N * K >= WGMMA_MID_MIN_NK and K >= WGMMA_SMALL_M_MIN_K, and from
 # WGMMA_SHORT_K_MID_MIN_M the K = 1024 layers with N * K >= WGMMA_SHORT_K_MID_MIN_NK; up to
-# WGMMA_MAX_M every layer.
+# WGMMA_MAX_M every layer, less the small ones above WGMMA_SMALL_LAYER_MAX_M.
 # M = 17..64: benchmarks/sweep_tiles.py --kernel wgmma --ms 8 16 24 32 48 64 at 8997d70
 # (results/h200/sweep_wgmma_small_m_8997d70.json), its 64-token tiles against cuBLAS bf16: 1.24-1.63x
 # on the four 8B shapes, where cuda_mma_tiles ran 1.17-1.50x at M = 32 and 0.72-1.03x at M = 64
@@ -254,6 +254,16 @@ WGMMA_SMALL_M_MIN_K = 2048
 # 4096 -> 4096 0.89x against 0.68x at M = 512, the N = 1024 layers 0.86-0.87x against 0.82-0.84x
 # at 2048, but 0.67x against 0.70x at 512 on those two layers, the one place cuda_dequant still led.
 WGMMA_MAX_M = 2048
+# Except on the small layers (N * K < WGMMA_SMALL_LAYER_NK: the 0.6B class's N = 1024 ones) above
+# M = WGMMA_SMALL_LAYER_MAX_M. Both backends forced, against cuBLAS bf16 (bench_linear.py
+# --below-floors, results/h200/bench_linear_mid_781e930.json and bench_linear_06b_0edf064.json,
+# 2048 -> 1024 and 3072 -> 1024): cuda_wgmma / cuda_dequant 0.75 / 0.73x and 0.69 / 0.70x at
+# M = 320, 0.68-0.69 / 0.71-0.72x at 384, 0.67-0.69 / 0.70-0.72x at 512, 0.60 / 0.71x and
+# 0.87 / 0.77x at 768, 0.73-0.75 / 0.78-0.79x at 1024, 0.71-0.72 / 0.79-0.82x at 1536. The 128-row
+# CTAs of a 1024-row layer leave SMs idle until M is a multiple of 2048 (0.86-0.87 / 0.82-0.84x
+# at M = 2048 in bench_linear_4dba057.json), where cuBLAS balances its tiles at any M.
+WGMMA_SMALL_LAYER_NK = 1 << 22
+WGMMA_SMALL_LAYER_MAX_M = 256
 
 
 # dequant_a8 wants at least this many output tiles per SM: at M = 2048 on the N = 1024 layers
@@ -299,6 +309,9 @@ def wgmma_declines(m: int, n: int, k: int, sms: int) -> str:
                 f"N * K >= {WGMMA_MID_MIN_NK} and K >= {WGMMA_SMALL_M_MIN_K}, and from M = "
                 f"{WGMMA_SHORT_K_MID_MIN_M} those with K < {WGMMA_SMALL_M_MIN_K} and N * K >= "
                 f"{WGMMA_SHORT_K_MID_MIN_NK}; cuda_mma_tiles is faster on the others")
+    if n * k < WGMMA_SMALL_LAYER_NK and m > WGMMA_SMALL_LAYER_MAX_M:
+        return (f"M={m}, N * K = {n * k}: on layers with N * K < {WGMMA_SMALL_LAYER_NK} cuda_wgmma runs up to "
+                f"M = {WGMMA_SMALL_LAYER_MAX_M}; the dequantizing path is faster above")
     if m <= WGMMA_MAX_M:
         return ""
     return f"M={m}: cuda_wgmma runs up to M = {WGMMA_MAX_M}; the dequantizing path is faster above"

@@ -141,12 +141,13 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_9(monkeypatch):
     assert "N * K = 3145728" in can(call(64, k=3072, n=1024))[1]  # the N = 1024 layers keep cuda_mma_tiles
     assert "N * K = 1048576" in can(call(64, k=1024, n=1024))[1]  # K = 1024, too small for the short-K rule
     assert "M=4096" in can(call(4096))[1]  # cuda_dequant above M = 2048
-    assert "M=2049" in can(call(2049, k=2048, n=1024))[1]
+    assert "M=2049" in can(call(2049, k=2048, n=4096))[1]
+    assert "M=257, N * K = 2097152" in can(call(257, k=2048, n=1024))[1]  # small layers: cuda_dequant from M = 257
     assert "layout 'v1'" in can(call(128, layout="v1"))[1]
     assert "float32" in can(call(128, dtype=torch.float32))[1]
     for m, k, n in ((9, 4096, 28672), (16, 5120, 27648), (17, 4096, 4096), (64, 4096, 28672), (65, 2048, 1024),
                     (33, 1024, 4096), (128, 1024, 4096), (192, 2048, 1024), (256, 4096, 4096), (512, 1024, 6144),
-                    (256, 4096, 14336), (2048, 14336, 4096), (512, 4096, 4096), (384, 2048, 1024), (2048, 1024, 1024)):
+                    (256, 4096, 14336), (2048, 14336, 4096), (512, 4096, 4096), (256, 2048, 1024), (2048, 1024, 4096)):
         ok, why = can(call(m, k, n))
         assert ok or "extension not built" in why, (m, k, n, why)  # built on a GPU machine
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
@@ -220,11 +221,14 @@ def test_wgmma_declines_follows_its_constants():
     assert configs.wgmma_declines(short_from - 1, short_n, 1024, sms) != ""
     assert configs.wgmma_declines(mid, short_n - 8, 1024, sms) != ""
     assert configs.wgmma_declines(mid, 1024, 2048, sms) != ""  # the N = 1024 layers keep cuda_mma_tiles
-    # M = 65..2048: every layer; above, the dequantizing path
-    top = configs.WGMMA_MAX_M
-    for n, k in ((1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024), (4096, 4096), (14336, 4096), (136, 128)):
+    # M = 65..2048: every layer, the small ones only up to WGMMA_SMALL_LAYER_MAX_M; above, the dequantizing path
+    top, small_top = configs.WGMMA_MAX_M, configs.WGMMA_SMALL_LAYER_MAX_M
+    for n, k in ((4096, 1024), (6144, 1024), (4096, 4096), (14336, 4096), (configs.WGMMA_SMALL_LAYER_NK // 128, 128)):
         assert configs.wgmma_declines(mid + 1, n, k, sms) == "" and configs.wgmma_declines(top, n, k, sms) == ""
         assert configs.wgmma_declines(top + 1, n, k, sms) != ""
+    for n, k in ((1024, 2048), (1024, 3072), (configs.WGMMA_SMALL_LAYER_NK // 128 - 8, 128)):
+        assert configs.wgmma_declines(mid + 1, n, k, sms) == "" and configs.wgmma_declines(small_top, n, k, sms) == ""
+        assert configs.wgmma_declines(small_top + 1, n, k, sms) != "" and configs.wgmma_declines(top, n, k, sms) != ""
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
