@@ -11,7 +11,7 @@ bench_linear's method (CUDA-graph replays over weight copies rotated past the L2
 output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
 
 ``--kernel wgmma`` does the same for the Hopper kernel (``ternop/cuda/csrc/ternary_wgmma.cu``,
-tiles 0-5, ``WgTile0``-``WgTile5`` there; ``auto_wgmma_tile`` picks one), and ``--kernel wgmma_a8``
+tiles 0-7, ``WgTile0``-``WgTile7`` there; ``auto_wgmma_tile`` picks one), and ``--kernel wgmma_a8``
 for its W2A8 form (``ternary_wgmma_a8.cu``, tiles 0 and 1, 64 and 128 tokens; each time includes
 the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x);
 ``--kernel wgmma_a8_row`` times that kernel with one scale per weight row (``weight_scale`` [N, 1];
@@ -44,7 +44,7 @@ SMALL_MS = [1, 4, 8, 12, 16]
 # kernel -> (op name, number of tiles, weight layout, one scale per row)
 KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
-    "wgmma": ("linear_cuda_wgmma", 6, "a16", False),
+    "wgmma": ("linear_cuda_wgmma", 8, "a16", False),
     "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
     "wgmma_a8_row": ("linear_cuda_wgmma_a8", 4, "a8", True),
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA

@@ -21,7 +21,7 @@ or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA
 which ``cuda_ext.load()`` builds on the first call that can use them. Shapes and dtypes are
 those of ``linear_cuda.cpp``'s header comment. ``tile`` of ``linear_cuda_mma_tiles`` is -1 (the
 kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks); that of
-``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or one of its tiles 0-5 (``WgTile0``-``WgTile5`` of
+``linear_cuda_wgmma`` (Hopper, sm_90a builds) is -1 or one of its tiles 0-7 (``WgTile0``-``WgTile7`` of
 ``csrc/ternary_wgmma.cu``); that of ``linear_cuda_wgmma_a8`` is -1, 0 (64 tokens a CTA) or 1 (128), or with row scales
 (``weight_scale`` [N, 1]) also 2 (128 tokens on 192 weight rows) or 3 (64 on 256). ``row_groups`` of
 the three small-M ops is -1 (the kernel picks from N, K and the multiprocessor count) or the

@@ -219,12 +219,14 @@ TILES_SHAPES = [
 # The split-K a16 kernels: backend -> (its op, how many tiles it has, extra shapes).
 SPLIT_K_KERNELS = {
     "cuda_mma_tiles": ("linear_cuda_mma_tiles", 2, []),
-    # Hopper: 128 or 256 rows x 32, 64, 128 or 256 tokens (the 64-token tiles 0 and 3 with a producer warp,
-    # tiles 1, 2 and 4 with a producer warpgroup that leaves before the epilogue);
+    # Hopper: 128 or 256 rows x 8, 16, 32, 64, 128 or 256 tokens (the 64-, 16- and 8-token tiles with a
+    # producer warp, tiles 1, 2 and 4 with a producer warpgroup that leaves before the epilogue);
     # ragged M and N past the TMA box. At M <= 64 the auto tile takes 256 rows where 128-row CTAs would
-    # overflow one wave (N > 128 * SMs): 17000 rows.
-    "cuda_wgmma": ("linear_cuda_wgmma", 6, [(65, 384, 136), (300, 14336, 1024), (700, 1024, 4096),
-                                            (9, 256, 1032), (40, 1024, 17000)]),
+    # overflow one wave (N > 128 * SMs): 17000 rows. M <= 16 on a wide layer splits K for the small tiles'
+    # two CTAs an SM.
+    "cuda_wgmma": ("linear_cuda_wgmma", 8, [(65, 384, 136), (300, 14336, 1024), (700, 1024, 4096),
+                                            (9, 256, 1032), (40, 1024, 17000), (1, 4096, 14336),
+                                            (13, 2048, 4104)]),
 }
 
 
@@ -256,7 +258,8 @@ def test_linear_cuda_wgmma_equals_f_linear_on_dequantized_weights_in_fp32_sums()
     kernel must equal F.linear on the dequantized weights in fp64, bit for bit once rounded: a wrong
     token, k, row, swizzle or descriptor step shows up as a mismatch, not as a tolerance."""
     for m, k, n, tile in [(65, 1024, 1152, 0), (128, 4096, 256, 1), (300, 512, 136, 2), (200, 1024, 520, 3),
-                          (260, 2048, 640, 4), (100, 1024, 392, 5), (513, 2048, 520, -1)]:
+                          (260, 2048, 640, 4), (100, 1024, 392, 5), (513, 2048, 520, -1), (16, 2048, 1032, 6),
+                          (37, 1024, 392, 6), (1, 4096, 264, 7), (11, 1024, 136, 7)]:
         v1, _ = _weights(n, k)
         scale = (2.0 ** torch.randint(-3, 3, (n, k // 128))).to(torch.float16).cuda()
         packed = layouts.repack(v1, "a16")

@@ -73,6 +73,38 @@ struct Wgmma;
 #if TERNOP_HAS_WGMMA
 // The fp16 and bf16 forms of a size differ only in the operand type of the instruction, so each
 // size is written once, as a macro, and instantiated for both.
+#define TERNOP_WGMMA_8(T, AB) \
+template <> \
+struct Wgmma<T, 8> { \
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[4], const uint32_t (&a)[4], uint64_t desc) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)); \
+  } \
+};
+TERNOP_WGMMA_8(__half, "f16")
+TERNOP_WGMMA_8(__nv_bfloat16, "bf16")
+#undef TERNOP_WGMMA_8
+
+#define TERNOP_WGMMA_16(T, AB) \
+template <> \
+struct Wgmma<T, 16> { \
+  __device__ __forceinline__ static void run(uint32_t scale_d, float (&d)[8], const uint32_t (&a)[4], uint64_t desc) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)); \
+  } \
+};
+TERNOP_WGMMA_16(__half, "f16")
+TERNOP_WGMMA_16(__nv_bfloat16, "bf16")
+#undef TERNOP_WGMMA_16
+
 #define TERNOP_WGMMA_32(T, AB) \
 template <> \
 struct Wgmma<T, 32> { \
@@ -190,10 +222,12 @@ struct Wgmma {
 
 // kProducerWarps_: 0, every thread loads; 1, a producer warp loads and the warpgroups compute
 // (warp-specialised); 4, a producer warpgroup loads and gives its registers to the two that compute.
-template <int BT_, int MT_, int kStages_, int kDepth_, int kProducerWarps_ = 0>
+// kCtasPerSm_: CTAs an SM must hold at once (registers are capped to fit them; the splits of K
+// count that many per SM).
+template <int BT_, int MT_, int kStages_, int kDepth_, int kProducerWarps_ = 0, int kCtasPerSm_ = 1>
 struct WgTile {
   static constexpr int BT = BT_, MT = MT_, kStages = kStages_, kDepth = kDepth_;
-  static constexpr int kProducerWarps = kProducerWarps_;
+  static constexpr int kProducerWarps = kProducerWarps_, kCtasPerSm = kCtasPerSm_;
   static constexpr bool kWS = kProducerWarps > 0;  // warp-specialised
   static constexpr bool kRegShift = kProducerWarps == 4;  // registers move to the computing warpgroups
   static constexpr int kBlockThreads = kThreads + 32 * kProducerWarps;
@@ -209,8 +243,8 @@ struct WgTile {
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
   static_assert(kStages >= 3, "a slot is refilled two blocks after its use");
   static_assert(8 % kDepth == 0 && kDepth >= 2, "A register sets cycle within a block's eight k16 steps");
-  static_assert(BT * 16 % kThreads == 0 && kRows * 2 % kThreads == 0, "whole 16-byte chunks per thread");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
+  static_assert(kRows * 2 % kThreads == 0, "whole 16-byte chunks of codes per thread");
+  static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "shared memory of one SM");
   static_assert(kProducerWarps == 0 || kProducerWarps == 1 || kProducerWarps == 4, "a warp or a warpgroup");
 };
 
@@ -338,7 +372,7 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
   constexpr int kPitch = kTilePitch<float, Cfg>, kChunks = Cfg::kRows / 8;
   const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
-  const int per = Cfg::BT / splits;  // splits is a power of two up to 8, BT one of 32 and more
+  const int per = Cfg::BT / splits;  // splits is a power of two up to 8, BT one of 8 and more
   for (int i = threadIdx.x; i < per * kChunks; i += Cfg::kEpilogueThreads) {
     const int t = rank * per + i / kChunks, c = i % kChunks;
     const int m = m0 + t, n = n0 + c * 8;
@@ -371,7 +405,7 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 // of its registers to the two that compute (232 each: room for 256 tokens of accumulators) and
 // leaves before the epilogue.
 template <typename T, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kBlockThreads, 1)
+__global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                          const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias,
                          T* __restrict__ out, float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
@@ -570,17 +604,24 @@ using WgTile2 = WgTile<256, 1, 3, 4, 4>;
 using WgTile3 = WgTile<64, 2, 6, 4, 1>;
 using WgTile4 = WgTile<128, 2, 5, 4, 4>;
 using WgTile5 = WgTile<32, 1, 8, 4>;
-constexpr int kWgTiles = 6;
+// Tiles 6 and 7 (16 and 8 tokens) are for M <= 16, where the 64-token tiles issue four to eight
+// times the MMAs that the tokens need and their 16 KiB of x a stage leave room for one CTA an SM:
+// these hold two, the first step against a latency-bound kernel (one CTA of two computing
+// warpgroups an SM kept 0.5 warps eligible a scheduler, ncu_wgmma_m128_4096x14336_38af09e.txt).
+using WgTile6 = WgTile<16, 1, 8, 4, 1, 2>;
+using WgTile7 = WgTile<8, 1, 8, 4, 1, 2>;
+constexpr int kWgTiles = 8;
 
 struct WgShape {
-  int rows, tokens;
+  int rows, tokens, ctas_per_sm;
 };
 template <typename Cfg>
 constexpr WgShape wg_shape() {
-  return {Cfg::kRows, Cfg::BT};
+  return {Cfg::kRows, Cfg::BT, Cfg::kCtasPerSm};
 }
 constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(), wg_shape<WgTile2>(),
-                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>()};
+                                         wg_shape<WgTile3>(), wg_shape<WgTile4>(), wg_shape<WgTile5>(),
+                                         wg_shape<WgTile6>(), wg_shape<WgTile7>()};
 
 // The launch configuration of tile Cfg over `grid`: as clusters of grid.z CTAs along z when
 // `clustered`, through `cluster`, which must outlive the config. The launch and the occupancy
@@ -656,7 +697,9 @@ decltype(auto) with_tile(int t, F&& f) {
     case 2: return f(WgTile2{});
     case 3: return f(WgTile3{});
     case 4: return f(WgTile4{});
-    default: return f(WgTile5{});
+    case 5: return f(WgTile5{});
+    case 6: return f(WgTile6{});
+    default: return f(WgTile7{});
   }
 }
 
@@ -665,7 +708,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * ceil_div(M, kWgShapes[t].tokens); }
 
 // Splits of K for tile t: the most (a power of two up to 16) whose CTAs still fit in one wave, one
-// CTA an SM (tiles * splits <= sms), each split keeping at least two scale blocks. Splitting past
+// CTA an SM (tiles * splits <= sms; the tiles that hold more CTAs an SM count that many), each
+// split keeping at least two scale blocks. Splitting past
 // one wave gains nothing: twice the splits over two waves is the same time per SM, plus a prologue
 // and an epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so
 // 112 tiles on 132 SMs ran as 224 half-K CTAs in two waves). The splits add up inside clusters
@@ -674,10 +718,10 @@ int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * c
 // at what the clusters allow instead ran 4096 -> 4096 at M = 33..128 at 0.74-0.91x of cuBLAS bf16
 // where the workspace ran 0.93-1.28x (results/h200/bench_linear_mid_m_7cdd483.json).
 int splits_of(int t, int M, int N, int K, int sms) {
-  const int64_t tiles = ctas_of(t, M, N);
+  const int64_t tiles = ctas_of(t, M, N), slots = int64_t{sms} * kWgShapes[t].ctas_per_sm;
   const int blocks = K / 128;
   int splits = 1;
-  while (splits < 16 && tiles * splits * 2 <= sms && blocks / (2 * splits) >= 2) splits *= 2;
+  while (splits < 16 && tiles * splits * 2 <= slots && blocks / (2 * splits) >= 2) splits *= 2;
   return splits;
 }
 
