@@ -232,13 +232,18 @@ WGMMA_MID_MIN_NK = 1 << 24
 # 12, 1.27 / 1.50x at 16; on 5120 -> 27648 1.37 / 1.37x, 1.29 / 1.36x, 1.28 / 1.51x. Everywhere else
 # cuda_mma was as fast or faster: 4096 -> 14336 (N * K = 2^25.8) 1.38 / 1.23x at M = 9, and
 # 3584 -> 37888, whose 148 CTAs of 256 rows need a second wave on 132 SMs, 1.27 / 1.03x at M = 9 and
-# 1.11 / 1.04x at 16. So from M = 9 cuda_wgmma takes the wide up-projections that fill one wave:
+# 1.11 / 1.04x at 16. Since its 16-token tile (two CTAs an SM, the auto tile up to M = 16), on
+# 4096 -> 14336 too: sweep_tiles.py --kernel wgmma and --kernel mma --ms 1 4 8 16 at 3c8c22a
+# (results/h200/sweep_wgmma_small_3c8c22a.json, sweep_mma_small_3c8c22a.json), at M = 16 1.62x
+# against cuda_mma's 1.19x (4096 -> 28672: 1.78x against 1.22x); on 4096 -> 4096 and 14336 -> 4096
+# cuda_mma stayed ahead (1.56 / 1.28x, 1.50 / 1.38x), and at M = 8 everywhere but 4096 -> 28672
+# (1.86 / 1.91x). So from M = 9 cuda_wgmma takes the wide up-projections that fill one wave:
 # N >= WGMMA_WIDE_N_OVER_K * K, N * K >= WGMMA_WIDE_MIN_NK, K >= WGMMA_SMALL_M_MIN_K and
 # N <= WGMMA_WIDE_ROWS_PER_CTA * SMs; cuda_mma leaves those to it (registry._can_cuda_mma).
 WGMMA_WIDE_MIN_M = 9
 WGMMA_WIDE_MAX_M = 16
 WGMMA_WIDE_N_OVER_K = 3
-WGMMA_WIDE_MIN_NK = 1 << 26
+WGMMA_WIDE_MIN_NK = 1 << 25
 WGMMA_WIDE_ROWS_PER_CTA = 256  # the auto tile's rows a CTA on layers this wide (ternary_wgmma.cu)
 WGMMA_SHORT_K_MID_MIN_M = 33
 WGMMA_SHORT_K_MID_MIN_NK = 1 << 22

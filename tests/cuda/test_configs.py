@@ -137,7 +137,8 @@ def test_registry_cuda_wgmma_takes_large_layers_from_m_9(monkeypatch):
 
     can = registry._can_cuda_wgmma
     assert "M=8 is below M=9" in can(call(8))[1]
-    assert "only wide layers" in can(call(16))[1]  # 4096 -> 14336 keeps cuda_mma up to M = 16
+    assert "only wide layers" in can(call(16, n=4096))[1]  # 4096 -> 4096 keeps cuda_mma up to M = 16
+    assert "only wide layers" in can(call(16, k=2048, n=6144))[1]  # N * K below 2^25
     assert "N * K = 3145728" in can(call(64, k=3072, n=1024))[1]  # the N = 1024 layers keep cuda_mma_tiles
     assert "N * K = 1048576" in can(call(64, k=1024, n=1024))[1]  # K = 1024, too small for the short-K rule
     assert "M=4096" in can(call(4096))[1]  # cuda_dequant above M = 2048
@@ -179,9 +180,9 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
         assert ok or "cuda_wgmma is faster" in why or "extension not built" in why, why
         return "cuda_wgmma is faster" in why
 
-    assert leaves(call(9)) and leaves(call(16)) and leaves(call(12, k=5120, n=27648))
+    assert leaves(call(9)) and leaves(call(16)) and leaves(call(12, k=5120, n=27648)) and leaves(call(12, n=14336))
     assert not leaves(call(8)) and not leaves(call(16, n=4096)) and not leaves(call(16, k=1024, n=6144))
-    assert not leaves(call(12, n=14336)) and not leaves(call(12, k=3584, n=37888))
+    assert not leaves(call(12, k=14336, n=4096)) and not leaves(call(12, k=3584, n=37888))
     monkeypatch.setenv(backends.ENV_SKIP, "cuda_wgmma")
     assert not leaves(call(16))  # skipped: cuda_mma keeps it
     monkeypatch.delenv(backends.ENV_SKIP)
@@ -193,22 +194,23 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
 
 
 def test_wgmma_declines_follows_its_constants():
-    # M = 9..16: the wide layers that fill one wave only (N >= 3K, N * K >= 2^26, K >= 2048, N <= 256 * SMs)
+    # M = 9..16: the wide layers that fill one wave only (N >= 3K, N * K >= 2^25, K >= 2048, N <= 256 * SMs)
     lo, hi, sms = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M, 132
     k = configs.WGMMA_SMALL_M_MIN_K
     n = max(configs.WGMMA_WIDE_N_OVER_K * k, configs.WGMMA_WIDE_MIN_NK // k)
     assert configs.wgmma_declines(lo, n, k, sms) == "" and configs.wgmma_declines(hi, n, k, sms) == ""
     assert configs.wgmma_declines(lo - 1, n, k, sms) != "" and configs.wgmma_declines(17, n, k, sms) == ""
-    assert configs.wgmma_declines(hi, n - 8, k, sms) != ""  # N * K below 2^26
+    assert configs.wgmma_declines(hi, n - 8, k, sms) != ""  # N * K below 2^25
     square = 8192  # N * K = 2^26, but N < 3K
     assert configs.wgmma_declines(hi, square, square, sms) != ""
     assert configs.wgmma_declines(hi, 1 << 16, 1024, sms) != ""  # K = 1024
     rows = configs.WGMMA_WIDE_ROWS_PER_CTA
     assert configs.wgmma_declines(hi, rows * sms, 4096, sms) == ""
     assert configs.wgmma_declines(hi, rows * sms + 8, 4096, sms) != ""  # a second wave of CTAs
-    # the measured shapes (results/h200/bench_linear_wide_small_m_0474fb7.json)
+    # the measured shapes (results/h200/bench_linear_wide_small_m_0474fb7.json, sweep_wgmma_small_3c8c22a.json)
     assert configs.wgmma_wide_layer(28672, 4096, sms) and configs.wgmma_wide_layer(27648, 5120, sms)
-    for n, k in ((14336, 4096), (37888, 3584), (4096, 4096), (4096, 14336), (6144, 4096), (6912, 2560)):
+    assert configs.wgmma_wide_layer(14336, 4096, sms)
+    for n, k in ((37888, 3584), (4096, 4096), (4096, 14336), (6144, 4096), (6912, 2560), (6144, 1024)):
         assert not configs.wgmma_wide_layer(n, k, sms), (n, k)
     mid_k = configs.WGMMA_SMALL_M_MIN_K
     mid, short_from = configs.WGMMA_MID_M, configs.WGMMA_SHORT_K_MID_MIN_M

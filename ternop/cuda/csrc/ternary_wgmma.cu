@@ -761,10 +761,16 @@ double tile_cost(RankedTile r, int M, int N, int K, int sms) {
 // the 32-token tile (5) where its CTAs fit one wave: on 1024 -> 4096 at M = 64 it makes 64 CTAs
 // whose splits in two add up in clusters, where tile 0's 32 CTAs split four ways, more clusters
 // than the GPCs hold at once, and go through the workspace: 0.78x against 0.68x
-// (sweep_wgmma_06b_f5091fa.json; on 1024 -> 6144 0.86x against 0.85x).
+// (sweep_wgmma_06b_f5091fa.json; on 1024 -> 6144 0.86x against 0.85x). Up to M = 16 the 16-token
+// tile (6), two CTAs an SM, ran ahead of the 64-token ones on every layer the dispatcher gives this
+// kernel there (results/h200/sweep_wgmma_small_3c8c22a.json, M = 16: 4096 -> 14336 1.62x of cuBLAS
+// bf16 against 1.37x, 4096 -> 28672 1.78x against 1.51x) and on the 0.6B layers (0.93-1.32x against
+// 0.82-1.17x); the 8-token tile (7) was ahead only to M = 8, where cuda_mma runs.
 constexpr int kLongK = 2048;
+constexpr int kSmallM = 16;
 
 int auto_wgmma_tile(int M, int N, int K, int sms) {
+  if (M <= kSmallM) return 6;
   if (K < kLongK && M > 32 && M <= 64 && ctas_of(5, M, N) <= sms) return 5;
   if (M <= 64) return ctas_of(0, M, N) > sms ? 3 : 0;
   int best = -1;
