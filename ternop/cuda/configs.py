@@ -237,14 +237,16 @@ WGMMA_MID_MIN_NK = 1 << 24
 # (results/h200/sweep_wgmma_small_3c8c22a.json, sweep_mma_small_3c8c22a.json), at M = 16 1.62x
 # against cuda_mma's 1.19x (4096 -> 28672: 1.78x against 1.22x); on 4096 -> 4096 and 14336 -> 4096
 # cuda_mma stayed ahead (1.56 / 1.28x, 1.50 / 1.38x), and at M = 8 everywhere but 4096 -> 28672
-# (1.86 / 1.91x). So from M = 9 cuda_wgmma takes the wide up-projections that fill one wave:
-# N >= WGMMA_WIDE_N_OVER_K * K, N * K >= WGMMA_WIDE_MIN_NK, K >= WGMMA_SMALL_M_MIN_K and
-# N <= WGMMA_WIDE_ROWS_PER_CTA * SMs; cuda_mma leaves those to it (registry._can_cuda_mma).
+# (1.86 / 1.91x). The bound that kept layers of more than 256 rows a SM out (the 64-token tiles'
+# second wave) went with that tile: bench_linear.py --below-floors --backends cuda_mma,cuda_wgmma
+# --ms 1 8 9 12 16 at bc42e8a (results/h200/bench_linear_small_m_bc42e8a.json) ran 3584 -> 37888
+# at 1.74x on cuda_wgmma against cuda_mma's 1.07-1.22x at M = 9..16. So from M = 9 cuda_wgmma takes
+# the wide up-projections: N >= WGMMA_WIDE_N_OVER_K * K, N * K >= WGMMA_WIDE_MIN_NK and
+# K >= WGMMA_SMALL_M_MIN_K; cuda_mma leaves those to it (registry._can_cuda_mma).
 WGMMA_WIDE_MIN_M = 9
 WGMMA_WIDE_MAX_M = 16
 WGMMA_WIDE_N_OVER_K = 3
 WGMMA_WIDE_MIN_NK = 1 << 25
-WGMMA_WIDE_ROWS_PER_CTA = 256  # the auto tile's rows a CTA on layers this wide (ternary_wgmma.cu)
 WGMMA_SHORT_K_MID_MIN_M = 33
 WGMMA_SHORT_K_MID_MIN_NK = 1 << 22
 WGMMA_SMALL_M_MIN_K = 2048
@@ -289,21 +291,20 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
     return ""
 
 
-def wgmma_wide_layer(n: int, k: int, sms: int) -> bool:
+def wgmma_wide_layer(n: int, k: int) -> bool:
     """Whether cuda_wgmma beats cuda_mma on this layer at M = WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M (see above)."""
-    return (n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K
-            and n <= WGMMA_WIDE_ROWS_PER_CTA * sms)  # fmt: skip
+    return n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K
 
 
 def wgmma_declines(m: int, n: int, k: int, sms: int) -> str:
     """Why cuda_wgmma leaves this (M, N, K) to another backend on a GPU of ``sms`` multiprocessors, or
     "" where it is the faster one."""
     if m <= WGMMA_WIDE_MAX_M:
-        if m >= WGMMA_WIDE_MIN_M and wgmma_wide_layer(n, k, sms):
+        if m >= WGMMA_WIDE_MIN_M and wgmma_wide_layer(n, k):
             return ""
         return (f"M={m}, N={n}, K={k}: up to M = {WGMMA_WIDE_MAX_M} cuda_wgmma runs only wide layers, from "
                 f"M = {WGMMA_WIDE_MIN_M} (N >= {WGMMA_WIDE_N_OVER_K} * K, N * K >= {WGMMA_WIDE_MIN_NK}, "
-                f"K >= {WGMMA_SMALL_M_MIN_K}, N <= {WGMMA_WIDE_ROWS_PER_CTA} * {sms} SMs); cuda_mma is faster "
+                f"K >= {WGMMA_SMALL_M_MIN_K}); cuda_mma is faster "
                 f"on the others")
     if m <= WGMMA_MID_M:
         if n * k >= WGMMA_MID_MIN_NK and k >= WGMMA_SMALL_M_MIN_K:

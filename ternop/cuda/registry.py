@@ -338,7 +338,7 @@ def _wgmma_takes_wide(call: backends.LinearCall) -> bool:
     """Whether cuda_wgmma, after cuda_mma in priority, takes this M = 9..16 call on a wide layer."""
     if _forced("cuda_mma") or not configs.WGMMA_WIDE_MIN_M <= call.m <= configs.WGMMA_WIDE_MAX_M:
         return False
-    if not configs.wgmma_wide_layer(call.n, call.k, configs.sm_count(call.x.device)):
+    if not configs.wgmma_wide_layer(call.n, call.k):
         return False
     if "cuda_wgmma" in backends.skipped():
         return False

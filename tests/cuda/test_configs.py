@@ -182,7 +182,7 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
 
     assert leaves(call(9)) and leaves(call(16)) and leaves(call(12, k=5120, n=27648)) and leaves(call(12, n=14336))
     assert not leaves(call(8)) and not leaves(call(16, n=4096)) and not leaves(call(16, k=1024, n=6144))
-    assert not leaves(call(12, k=14336, n=4096)) and not leaves(call(12, k=3584, n=37888))
+    assert not leaves(call(12, k=14336, n=4096)) and leaves(call(12, k=3584, n=37888))
     monkeypatch.setenv(backends.ENV_SKIP, "cuda_wgmma")
     assert not leaves(call(16))  # skipped: cuda_mma keeps it
     monkeypatch.delenv(backends.ENV_SKIP)
@@ -194,7 +194,7 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
 
 
 def test_wgmma_declines_follows_its_constants():
-    # M = 9..16: the wide layers that fill one wave only (N >= 3K, N * K >= 2^25, K >= 2048, N <= 256 * SMs)
+    # M = 9..16: the wide layers only (N >= 3K, N * K >= 2^25, K >= 2048)
     lo, hi, sms = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M, 132
     k = configs.WGMMA_SMALL_M_MIN_K
     n = max(configs.WGMMA_WIDE_N_OVER_K * k, configs.WGMMA_WIDE_MIN_NK // k)
@@ -204,14 +204,12 @@ def test_wgmma_declines_follows_its_constants():
     square = 8192  # N * K = 2^26, but N < 3K
     assert configs.wgmma_declines(hi, square, square, sms) != ""
     assert configs.wgmma_declines(hi, 1 << 16, 1024, sms) != ""  # K = 1024
-    rows = configs.WGMMA_WIDE_ROWS_PER_CTA
-    assert configs.wgmma_declines(hi, rows * sms, 4096, sms) == ""
-    assert configs.wgmma_declines(hi, rows * sms + 8, 4096, sms) != ""  # a second wave of CTAs
-    # the measured shapes (results/h200/bench_linear_wide_small_m_0474fb7.json, sweep_wgmma_small_3c8c22a.json)
-    assert configs.wgmma_wide_layer(28672, 4096, sms) and configs.wgmma_wide_layer(27648, 5120, sms)
-    assert configs.wgmma_wide_layer(14336, 4096, sms)
-    for n, k in ((37888, 3584), (4096, 4096), (4096, 14336), (6144, 4096), (6912, 2560), (6144, 1024)):
-        assert not configs.wgmma_wide_layer(n, k, sms), (n, k)
+    assert configs.wgmma_declines(hi, 256 * sms + 8, 4096, sms) == ""  # more than one wave of CTAs
+    # the measured shapes (results/h200/bench_linear_small_m_bc42e8a.json, sweep_wgmma_small_3c8c22a.json)
+    for n, k in ((28672, 4096), (27648, 5120), (14336, 4096), (37888, 3584)):
+        assert configs.wgmma_wide_layer(n, k), (n, k)
+    for n, k in ((4096, 4096), (4096, 14336), (6144, 4096), (6912, 2560), (6144, 1024)):
+        assert not configs.wgmma_wide_layer(n, k), (n, k)
     mid_k = configs.WGMMA_SMALL_M_MIN_K
     mid, short_from = configs.WGMMA_MID_M, configs.WGMMA_SHORT_K_MID_MIN_M
     assert configs.wgmma_declines(mid, configs.WGMMA_MID_MIN_NK // mid_k, mid_k, sms) == ""

@@ -283,15 +283,15 @@ def test_linear_cuda_wgmma_takes_large_layers_on_hopper():
         pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
     chosen = {m: backends.select(_call(x.new_zeros(m, 4096), packed, scale, layout="a16")).name
               for m in (9, 16, 17, 64, 65, 2048, 2049)}  # fmt: skip
-    want = "cuda_wgmma" if configs.wgmma_wide_layer(14336, 4096, configs.sm_count(x.device)) else "cuda_mma"
+    want = "cuda_wgmma" if configs.wgmma_wide_layer(14336, 4096) else "cuda_mma"
     assert chosen == {9: want, 16: want, 17: "cuda_wgmma", 64: "cuda_wgmma", 65: "cuda_wgmma",
                       2048: "cuda_wgmma", 2049: "cuda_dequant"}, chosen
-    # From M = 9 the wide up-projections whose CTAs fill one wave leave cuda_mma (configs.wgmma_wide_layer).
+    # From M = 9 the wide up-projections leave cuda_mma (configs.wgmma_wide_layer).
     wide, wide_scale = _weights(28672, 4096)
     wide = layouts.repack(wide, "a16")
     chosen = {m: backends.select(_call(x.new_zeros(m, 4096), wide, wide_scale, layout="a16")).name
               for m in (8, 9, 16)}  # fmt: skip
-    want = "cuda_wgmma" if configs.wgmma_wide_layer(28672, 4096, configs.sm_count(x.device)) else "cuda_mma"
+    want = "cuda_wgmma" if configs.wgmma_wide_layer(28672, 4096) else "cuda_mma"
     assert chosen == {8: "cuda_mma", 9: want, 16: want}, chosen
 
 
