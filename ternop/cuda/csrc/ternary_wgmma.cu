@@ -1,8 +1,9 @@
 // Ternary linear on Hopper's warpgroup tensor cores: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n])
-// for M from 65 up (the bucket in ternop/cuda/configs.py; any M runs), x fp16 or bf16, weights in
-// the "a16" layout (ternop/layouts.py). Needs sm_90a (wgmma); cuda_ext.py builds for it on a
-// compute-capability 9.0 GPU, and elsewhere the kernel body is a trap that the registry never
-// launches. No dense copy of W is written: each weight is decoded once per CTA, in registers.
+// for the M that ternop/cuda/configs.py gives it (from 9 on wide layers, 17 or 33 on others; any M
+// runs), x fp16 or bf16, weights in the "a16" layout (ternop/layouts.py). Needs sm_90a (wgmma);
+// cuda_ext.py builds for it on a compute-capability 9.0 GPU, and elsewhere the kernel body is a
+// trap that the registry never launches. No dense copy of W is written: each weight is decoded
+// once per CTA, in registers.
 //
 // Orientation. The problem runs transposed, out^T = W x^T, so that the weights are the wgmma's A
 // operand, which may come from registers: one wgmma m64nBTk16 multiplies A = 64 weight rows x 16 k
