@@ -296,9 +296,8 @@ def wgmma_wide_layer(n: int, k: int) -> bool:
     return n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K
 
 
-def wgmma_declines(m: int, n: int, k: int, sms: int) -> str:
-    """Why cuda_wgmma leaves this (M, N, K) to another backend on a GPU of ``sms`` multiprocessors, or
-    "" where it is the faster one."""
+def wgmma_declines(m: int, n: int, k: int) -> str:
+    """Why cuda_wgmma leaves this (M, N, K) to another backend, or "" where it is the faster one."""
     if m <= WGMMA_WIDE_MAX_M:
         if m >= WGMMA_WIDE_MIN_M and wgmma_wide_layer(n, k):
             return ""

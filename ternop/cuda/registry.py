@@ -391,8 +391,7 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("cuda_wgmma", call, "wgmma"))  # fmt: skip
     if why:
         return False, why
-    sms = configs.sm_count(call.x.device)
-    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k, sms)
+    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k)
     if why:
         return False, why
     ok, why = _cuda_ext_ready(call, ("a16",))

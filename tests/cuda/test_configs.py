@@ -195,16 +195,16 @@ def test_registry_cuda_mma_leaves_wide_layers_to_cuda_wgmma_from_m_9(monkeypatch
 
 def test_wgmma_declines_follows_its_constants():
     # M = 9..16: the wide layers only (N >= 3K, N * K >= 2^25, K >= 2048)
-    lo, hi, sms = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M, 132
+    lo, hi = configs.WGMMA_WIDE_MIN_M, configs.WGMMA_WIDE_MAX_M
     k = configs.WGMMA_SMALL_M_MIN_K
     n = max(configs.WGMMA_WIDE_N_OVER_K * k, configs.WGMMA_WIDE_MIN_NK // k)
-    assert configs.wgmma_declines(lo, n, k, sms) == "" and configs.wgmma_declines(hi, n, k, sms) == ""
-    assert configs.wgmma_declines(lo - 1, n, k, sms) != "" and configs.wgmma_declines(17, n, k, sms) == ""
-    assert configs.wgmma_declines(hi, n - 8, k, sms) != ""  # N * K below 2^25
+    assert configs.wgmma_declines(lo, n, k) == "" and configs.wgmma_declines(hi, n, k) == ""
+    assert configs.wgmma_declines(lo - 1, n, k) != "" and configs.wgmma_declines(17, n, k) == ""
+    assert configs.wgmma_declines(hi, n - 8, k) != ""  # N * K below 2^25
     square = 8192  # N * K = 2^26, but N < 3K
-    assert configs.wgmma_declines(hi, square, square, sms) != ""
-    assert configs.wgmma_declines(hi, 1 << 16, 1024, sms) != ""  # K = 1024
-    assert configs.wgmma_declines(hi, 256 * sms + 8, 4096, sms) == ""  # more than one wave of CTAs
+    assert configs.wgmma_declines(hi, square, square) != ""
+    assert configs.wgmma_declines(hi, 1 << 16, 1024) != ""  # K = 1024
+    assert configs.wgmma_declines(hi, 256 * 132 + 8, 4096) == ""  # more than one wave of an H200's CTAs
     # the measured shapes (results/h200/bench_linear_small_m_bc42e8a.json, sweep_wgmma_small_3c8c22a.json)
     for n, k in ((28672, 4096), (27648, 5120), (14336, 4096), (37888, 3584)):
         assert configs.wgmma_wide_layer(n, k), (n, k)
@@ -212,23 +212,23 @@ def test_wgmma_declines_follows_its_constants():
         assert not configs.wgmma_wide_layer(n, k), (n, k)
     mid_k = configs.WGMMA_SMALL_M_MIN_K
     mid, short_from = configs.WGMMA_MID_M, configs.WGMMA_SHORT_K_MID_MIN_M
-    assert configs.wgmma_declines(mid, configs.WGMMA_MID_MIN_NK // mid_k, mid_k, sms) == ""
-    assert configs.wgmma_declines(mid, configs.WGMMA_MID_MIN_NK // mid_k - 8, mid_k, sms) != ""
+    assert configs.wgmma_declines(mid, configs.WGMMA_MID_MIN_NK // mid_k, mid_k) == ""
+    assert configs.wgmma_declines(mid, configs.WGMMA_MID_MIN_NK // mid_k - 8, mid_k) != ""
     # K = 1024 up to M = 64: from M = 33 on layers with N * K >= 2^22 (1024 -> 4096, 1024 -> 6144)
     short_n = configs.WGMMA_SHORT_K_MID_MIN_NK // 1024
-    assert configs.wgmma_declines(short_from, short_n, 1024, sms) == ""
-    assert configs.wgmma_declines(mid, short_n, 1024, sms) == ""
-    assert configs.wgmma_declines(short_from - 1, short_n, 1024, sms) != ""
-    assert configs.wgmma_declines(mid, short_n - 8, 1024, sms) != ""
-    assert configs.wgmma_declines(mid, 1024, 2048, sms) != ""  # the N = 1024 layers keep cuda_mma_tiles
+    assert configs.wgmma_declines(short_from, short_n, 1024) == ""
+    assert configs.wgmma_declines(mid, short_n, 1024) == ""
+    assert configs.wgmma_declines(short_from - 1, short_n, 1024) != ""
+    assert configs.wgmma_declines(mid, short_n - 8, 1024) != ""
+    assert configs.wgmma_declines(mid, 1024, 2048) != ""  # the N = 1024 layers keep cuda_mma_tiles
     # M = 65..2048: every layer, the small ones only up to WGMMA_SMALL_LAYER_MAX_M; above, the dequantizing path
     top, small_top = configs.WGMMA_MAX_M, configs.WGMMA_SMALL_LAYER_MAX_M
     for n, k in ((4096, 1024), (6144, 1024), (4096, 4096), (14336, 4096), (configs.WGMMA_SMALL_LAYER_NK // 128, 128)):
-        assert configs.wgmma_declines(mid + 1, n, k, sms) == "" and configs.wgmma_declines(top, n, k, sms) == ""
-        assert configs.wgmma_declines(top + 1, n, k, sms) != ""
+        assert configs.wgmma_declines(mid + 1, n, k) == "" and configs.wgmma_declines(top, n, k) == ""
+        assert configs.wgmma_declines(top + 1, n, k) != ""
     for n, k in ((1024, 2048), (1024, 3072), (configs.WGMMA_SMALL_LAYER_NK // 128 - 8, 128)):
-        assert configs.wgmma_declines(mid + 1, n, k, sms) == "" and configs.wgmma_declines(small_top, n, k, sms) == ""
-        assert configs.wgmma_declines(small_top + 1, n, k, sms) != "" and configs.wgmma_declines(top, n, k, sms) != ""
+        assert configs.wgmma_declines(mid + 1, n, k) == "" and configs.wgmma_declines(small_top, n, k) == ""
+        assert configs.wgmma_declines(small_top + 1, n, k) != "" and configs.wgmma_declines(top, n, k) != ""
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):

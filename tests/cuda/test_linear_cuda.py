@@ -347,7 +347,7 @@ def test_linear_cuda_mma_tiles_takes_m_17_to_64():
     # 1152 x 1024 is below cuda_wgmma's shape rule up to M = 64 (K = 1024 and N * K < 2^22); from M = 65
     # cuda_wgmma takes every layer on Hopper.
     hopper = torch.cuda.get_device_capability() == (9, 0) and cuda_ext.wgmma_built()
-    declines = configs.wgmma_declines(65, 1152, 1024, configs.sm_count(x.device))
+    declines = configs.wgmma_declines(65, 1152, 1024)
     above = "cuda_wgmma" if hopper and not declines else "triton_a16"
     assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: above}, chosen
 
