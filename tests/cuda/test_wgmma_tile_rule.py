@@ -99,9 +99,18 @@ def test_wgmma_auto_tile_holds_where_it_was_not_fitted(auto_tile):
 
 
 def test_wgmma_auto_tile_keeps_the_m64_rules(auto_tile):
-    """Up to M = 64 one 64-token tile holds every token: 128 rows a CTA (tile 0), or 256 (tile 3)
-    where 128-row CTAs would need a second wave; the short-K layers take the 32-token tile (5) at
-    M = 33..64 where its CTAs fit one wave."""
+    """Up to M = 16 the 16-token tile (6); up to M = 64 one 64-token tile holds every token: 128 rows
+    a CTA (tile 0), or 256 (tile 3) where 128-row CTAs would need a second wave; the short-K layers
+    take the 32-token tile (5) at M = 33..64 where its CTAs fit one wave."""
     points = [(64, 4096, 4096), (64, 28672, 4096), (48, 4096, 1024), (32, 4096, 1024), (64, 6144, 1024),
-              (64, 17000, 1024)]  # fmt: skip
-    assert auto_tile(points) == [0, 3, 5, 0, 5, 3]
+              (64, 17000, 1024), (1, 14336, 4096), (16, 37888, 3584), (17, 4096, 4096)]  # fmt: skip
+    assert auto_tile(points) == [0, 3, 5, 0, 5, 3, 6, 6, 0]
+
+
+def test_wgmma_auto_tile_at_m16_is_the_fastest_on_the_wide_layers(auto_tile):
+    """The 3c8c22a sweep (M = 1..16, every tile): at M = 16 the auto tile ran fastest on the two wide
+    up-projections that the dispatcher gives cuda_wgmma there."""
+    cells = _times("sweep_wgmma_small_3c8c22a.json")
+    wide = {point: cells[point] for point in cells if point[0] == 16 and point[1:] in ((14336, 4096), (28672, 4096))}
+    slow = _slowdowns(auto_tile, wide, {t: f"tile:{t}" for t in range(8)})
+    assert len(slow) == 2 and all(s == 1.0 for s in slow.values()), slow

@@ -710,12 +710,12 @@ int64_t ctas_of(int t, int M, int N) { return ceil_div(N, kWgShapes[t].rows) * c
 
 // Splits of K for tile t: the most (a power of two up to 16) whose CTAs still fit in one wave, one
 // CTA an SM (tiles * splits <= sms; the tiles that hold more CTAs an SM count that many), each
-// split keeping at least two scale blocks. Splitting past
-// one wave gains nothing: twice the splits over two waves is the same time per SM, plus a prologue
-// and an epilogue per CTA and the reduction (the rule before doubled while tiles * splits < sms, so
-// 112 tiles on 132 SMs ran as 224 half-K CTAs in two waves). The splits add up inside clusters
-// where the device runs all `tiles` clusters of that size at once (ternary_wgmma_cluster_sums),
-// else through an fp32 workspace [splits, M, N] that linear_cuda.cpp allocates. Capping the splits
+// split keeping at least two scale blocks. Splitting past one wave gains nothing: twice the splits
+// over two waves is the same time per SM, plus a prologue and an epilogue per CTA and the
+// reduction (the rule before doubled while tiles * splits < sms, so 112 tiles on 132 SMs ran as
+// 224 half-K CTAs in two waves). The splits add up inside clusters where the device runs all
+// `tiles` clusters of that size at once (ternary_wgmma_cluster_sums), else through an fp32
+// workspace [splits, M, N] that linear_cuda.cpp allocates. Capping the splits
 // at what the clusters allow instead ran 4096 -> 4096 at M = 33..128 at 0.74-0.91x of cuBLAS bf16
 // where the workspace ran 0.93-1.28x (results/h200/bench_linear_mid_m_7cdd483.json).
 int splits_of(int t, int M, int N, int K, int sms) {
