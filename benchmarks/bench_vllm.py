@@ -73,6 +73,7 @@ EMBED_WORKLOADS = [(8192, 128), (2048, 512), (32768, 16)]
 LATENCY_LENGTHS = (16, 128)
 LATENCY_QUERIES_PER_ROUND = 10
 DECODE_BATCHES = [1, 16, 64]
+PROFILE_BATCHES = [1, 16]  # --profile: one profiled run of each
 DECODE_MAX_SEQS = max(DECODE_BATCHES)
 TOKENS_IN_VOCAB = 1000  # prompts use token ids 1..999, which the word-level tokenizer knows
 
@@ -325,18 +326,24 @@ def _queries(cmd: dict) -> list:
     return [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
 
 
-def _profile_top(fn, n: int = 15, by: str = "device") -> list[dict]:
+def _profile_top(fn, n: int = 15, by: str = "device", totals: dict | None = None) -> list[dict]:
     """The ``n`` events with the most self time on the device (``by="device"``, the CPU where
-    there is none) or on the host (``by="cpu"``), with both times."""
+    there is none) or on the host (``by="cpu"``), with both times. ``totals``, if given, receives
+    the wall time of ``fn`` and the self time of all events summed (``wall_us``, ``self_us``)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    t0 = time.perf_counter()
     with profile(activities=activities) as prof:
         fn()
+    wall_us = (time.perf_counter() - t0) * 1e6
     key = "self_device_time_total" if by == "device" and torch.cuda.is_available() else "self_cpu_time_total"
+    events = prof.key_averages()
+    if totals is not None:
+        totals.update(wall_us=wall_us, self_us=sum(getattr(e, key, 0) for e in events))
     rows = []
-    for e in sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:n]:
+    for e in sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:n]:
         rows.append({"name": e.key[:120], "calls": e.count, "self_us": getattr(e, key, 0),
                      "self_cpu_us": e.self_cpu_time_total})  # fmt: skip
     return rows
@@ -571,8 +578,11 @@ def worker_decode(args) -> dict:
             "output_tokens_per_s": batch * steps / full,
             "runs": {"seconds_total": fulls, "seconds_first_token": firsts},
         }
-    if args.profile:
-        result["profile_decode_batch1"] = _profile_top(lambda: run(1, steps))
+    if args.profile:  # where a step's time goes: the top kernels, and their sum against the wall time
+        for batch in PROFILE_BATCHES:
+            totals = {}
+            top = _profile_top(lambda: run(batch, steps), n=25, totals=totals)
+            result[f"profile_decode_batch{batch}"] = {"steps": steps, **totals, "top": top}
     return result
 
 
