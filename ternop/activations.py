@@ -30,6 +30,8 @@ scale means what its expansion to ``[N, K/128]`` means (``ternop.format.dequanti
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ternop.format import BLOCK_SIZE, codes_to_values, unpack_codes
@@ -57,6 +59,16 @@ def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inv = torch.where(amax > 0, (torch.full_like(a64, QMAX) / torch.where(a64 > 0, a64, 1.0)).to(torch.float32), 0.0)
     q = torch.round(xf * inv.unsqueeze(-1)).clamp(-QMAX, QMAX).to(torch.int8)
     return q, (a64 / QMAX).to(torch.float32)
+
+
+class QuantizedRows(NamedTuple):
+    """Activations already quantized per token, as :func:`quantize_rows` makes them, with the
+    dtype the product returns. A layer that quantizes its input takes these as they are (the
+    vLLM plugin's linear method, after ``ternop::rms_norm_quant``)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    out_dtype: torch.dtype
 
 
 def weight_values(weight_packed: torch.Tensor, layout: str = "v1") -> torch.Tensor:

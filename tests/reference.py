@@ -100,6 +100,26 @@ def quantize_rows_np(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return q, (amax / np.float32(127)).astype(np.float32)
 
 
+def rms_norm_quant_np(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    """``ternop::rms_norm_quant`` as its spec words it, in NumPy (float16 or float32 x; NumPy has
+    no bfloat16): (q int64 [M, D], s_x float32 [M]). The sum of squares runs in float64 and
+    rounds once to float32, so inputs whose squares sum exactly give the kernels' bits."""
+    dt = {torch.float16: np.float16, torch.float32: np.float32}[x.dtype]
+    xs = x.reshape(-1, x.shape[-1]).numpy()
+    if act == "relu2_glu":
+        d = xs.shape[1] // 2
+        g = np.maximum(xs[:, :d].astype(np.float32), 0)
+        h = ((g * g).astype(dt).astype(np.float32) * xs[:, d:].astype(np.float32)).astype(dt)
+    else:
+        h = xs
+    hf = h.astype(np.float32)
+    ss = (hf.astype(np.float64) ** 2).sum(axis=1).astype(np.float32)
+    r = np.float32(1) / np.sqrt(ss / np.float32(hf.shape[1]) + np.float32(eps))
+    y = (hf * r[:, None]).astype(dt).astype(np.float32)
+    y = (weight.numpy().astype(np.float32) * y).astype(dt)
+    return quantize_rows_np(torch.from_numpy(y.astype(np.float32)))
+
+
 def linear_a8_fp64(x: torch.Tensor, weight_packed, weight_scale, bias=None, layout: str = "v1") -> torch.Tensor:
     """The W2A8 oracle: exact int partials per 128-block, then the scales, in float64."""
     q, sx = quantize_rows_np(x.reshape(-1, x.shape[-1]))

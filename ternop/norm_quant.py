@@ -1,0 +1,101 @@
+"""``torch.ops.ternop.rms_norm_quant``: an RMSNorm whose output goes straight to int8 rows.
+
+    ternop::rms_norm_quant(Tensor x, Tensor weight, float eps, str act="none") -> (Tensor q, Tensor x_scale)
+
+A W2A8 layer quantizes its input per token (``ternop.activations``). Where that input is an
+RMSNorm's output and nothing else reads it (BitNet's sub-norms before ``o_proj`` and
+``down_proj``), the normalized rows exist only to be quantized. Compiled, the two fuse into one
+generated kernel, but at decode sizes that kernel walks each row three times in a loop (the
+sum of squares, the absmax, the rounding) on one program per row: 2.4-5.2 us a call on the H200
+against 1.9-2.0 us for bf16's own norm (benchmarks/results/h200/bench_vllm_bitnet_a5c96c3.json).
+This op keeps a row in registers and reads it once.
+
+Spec. ``dt`` rounds to x's dtype; every step is the torch op the plain model runs:
+
+    act = "none":       h = x                                        x [..., D]
+    act = "relu2_glu":  g, u = x[..., :D], x[..., D:]                x [..., 2D]
+                        h = dt(dt(relu(g)^2) * u)
+    r      = 1 / sqrt_rn(fp32(sum_k fp32(h_k)^2) / D + eps)          (fp32; torch.rsqrt)
+    y      = dt(weight * dt(fp32(h) * r))                           (weight [D] in x's dtype)
+    q, x_scale = ternop.activations.quantize_rows(y)
+
+The order of the sum of squares is the only freedom an implementation has. ``q`` and
+``x_scale`` go to ``ternop::linear_q8``. The op is functional and has no backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ternop.activations import quantize_rows
+
+SCHEMA = "(Tensor x, Tensor weight, float eps, str act=\"none\") -> (Tensor, Tensor)"
+QUALNAME = "ternop::rms_norm_quant"
+ACTS = ("none", "relu2_glu")
+X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+OP = "ternop.rms_norm_quant"
+
+_lib = torch.library.Library("ternop", "FRAGMENT")
+_lib.define("rms_norm_quant" + SCHEMA)
+
+
+def check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str) -> int:
+    """Checks the arguments and returns D, the width of the normalized rows."""
+    torch._check(act in ACTS, lambda: f"{OP}: act must be one of {', '.join(ACTS)}, got {act!r}")
+    torch._check(x.dtype in X_DTYPES, lambda: f"{OP}: x must be float16, bfloat16 or float32, got {x.dtype}")
+    torch._check(x.dim() >= 1, lambda: f"{OP}: x must have at least 1 dimension [..., D], got a 0-d tensor")
+    torch._check(weight.dim() == 1, lambda: f"{OP}: weight must be 1-D [D], got shape {tuple(weight.shape)}")
+    torch._check(weight.dtype == x.dtype, lambda: f"{OP}: weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    torch._check(weight.device == x.device, lambda: f"{OP}: weight is on {weight.device}, x on {x.device}")
+    torch._check(eps >= 0, lambda: f"{OP}: eps must be >= 0, got {eps}")
+    d = weight.shape[0]
+    width = 2 * d if act == "relu2_glu" else d
+    torch._check(
+        x.shape[-1] == width,
+        lambda: f"{OP}: x's last dimension must be {width} (weight has {d} features, act={act!r}), got {x.shape[-1]}",
+    )
+    return d
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    """The spec in plain torch ops (module docstring): what the CPU runs, and the kernels' check."""
+    if act == "relu2_glu":
+        g, u = x.chunk(2, dim=-1)
+        h = torch.square(torch.relu(g)) * u
+    else:
+        h = x
+    hf = h.to(torch.float32)
+    hf = hf * torch.rsqrt(hf.pow(2).sum(dim=-1, keepdim=True) / h.shape[-1] + eps)
+    return quantize_rows(weight * hf.to(x.dtype))
+
+
+def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    d = check_inputs(x, weight, eps, act)
+    lead = x.shape[:-1]
+    return x.new_empty((*lead, d), dtype=torch.int8), x.new_empty(lead, dtype=torch.float32)
+
+
+def _torch_ops(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    check_inputs(x, weight, eps, act)
+    q, s = reference(x, weight, eps, act)
+    return q.contiguous(), s.contiguous()
+
+
+def _cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    check_inputs(x, weight, eps, act)
+    from ternop.cuda.triton_norm_quant import MAX_D, rms_norm_quant  # deferred: triton loads on first use
+
+    if weight.shape[0] > MAX_D:
+        return _torch_ops(x, weight, eps, act)  # the same torch ops, on the GPU
+    return rms_norm_quant(x, weight, eps, act)
+
+
+_lib.impl("rms_norm_quant", _torch_ops, "CPU")
+_lib.impl("rms_norm_quant", _cuda, "CUDA")
+torch.library.register_fake(QUALNAME, _fake, lib=_lib)
+
+
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    """(q int8 [..., D], x_scale fp32 [...]): ``quantize_rows(rms_norm(x) * weight)`` as the
+    module docstring says; ``torch.ops.ternop.rms_norm_quant``."""
+    return torch.ops.ternop.rms_norm_quant(x, weight, eps, act)
