@@ -57,6 +57,8 @@ def linear_methods(model) -> dict[str, int]:
 
     Pass it to ``LLM.apply_model``; it lives here, importable, so that vLLM's worker
     processes can unpickle it. Example: ``{"TernaryLinearMethod": 24, "UnquantizedLinearMethod": 2}``.
+    Norms that hand int8 rows straight to the next layer (BitNet's sub-norms with int8
+    activations, ``ternop::rms_norm_quant``) are counted as ``"rms_norm_quant"``.
     """
     counts: dict[str, int] = {}
     for module in model.modules():
@@ -64,6 +66,8 @@ def linear_methods(model) -> dict[str, int]:
         if method is not None:
             name = type(method).__name__
             counts[name] = counts.get(name, 0) + 1
+        if getattr(module, "quantize_in_norm", False):
+            counts["rms_norm_quant"] = counts.get("rms_norm_quant", 0) + 1
     return counts
 
 

@@ -5,6 +5,8 @@ The architecture is Llama's with three changes (transformers' ``modeling_bitnet`
 - a squared-ReLU MLP, ``down_proj(ffn_sub_norm(relu(gate_proj(x))^2 * up_proj(x)))``;
 - every linear layer quantizes its input per token to int8 (W1.58A8). Here that is the
   checkpoint's ``activation_bits: 8``, which ``TernaryLinearMethod`` passes to ``ternop::linear``.
+  The layers after the two sub-norms take int8 rows that the norm made in the same kernel
+  (``ternop::rms_norm_quant``; the MLP's squared ReLU and product run in it too), on one rank.
 
 So the model takes vLLM's Llama attention, decoder stack, LM head and weight loading, and adds
 the two sub-norms. Those norms sit on the input of a row-parallel layer, whose features
@@ -32,7 +34,9 @@ from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowPar
 from vllm.model_executor.models.llama import LlamaAttention, LlamaForCausalLM
 from vllm.model_executor.utils import set_weight_attrs
 
+from ternop.activations import QuantizedRows
 from ternop.vllm_plugin.config import TernaryConfig
+from ternop.vllm_plugin.linear_method import FUSE_QUANT, TernaryLinearMethod
 
 
 class ShardedRMSNorm(nn.Module):
@@ -68,6 +72,22 @@ class ShardedRMSNorm(nn.Module):
         xf = xf * torch.rsqrt(sum_sq / self.size + self.eps)
         return self.weight * xf.to(x.dtype)
 
+    def quantized(self, x: torch.Tensor, act: str = "none") -> QuantizedRows:
+        """``quantize_rows(forward(h))`` in one kernel (``ternop::rms_norm_quant``), h = x or, with
+        ``act="relu2_glu"``, ``relu(x[..., :D])^2 * x[..., D:]``. One rank only: the op sums the
+        squares of the row it holds."""
+        q, scale = torch.ops.ternop.rms_norm_quant(x, self.weight, self.eps, act)
+        return QuantizedRows(q, scale, x.dtype)
+
+
+def norm_quantizes(norm: ShardedRMSNorm, layer: nn.Module) -> bool:
+    """Whether ``layer``, after ``norm``, takes int8 rows from it (``ShardedRMSNorm.quantized``):
+    a ternary layer with int8 activations, one rank (with more, the row's sum of squares is
+    all-reduced between ranks), and ``TERNOP_FUSE_QUANT`` not 0."""
+    method = getattr(layer, "quant_method", None)
+    return (isinstance(method, TernaryLinearMethod) and method.quant_config.activation_bits == 8
+            and norm.tp_size == 1 and FUSE_QUANT)  # fmt: skip
+
 
 class BitNetAttention(LlamaAttention):
     """Llama attention with ``attn_sub_norm`` between the attention and ``o_proj``."""
@@ -76,12 +96,14 @@ class BitNetAttention(LlamaAttention):
         super().__init__(*args, **kwargs)
         config = kwargs["config"]
         self.attn_sub_norm = ShardedRMSNorm(self.total_num_heads * self.head_dim, config.rms_norm_eps)
+        self.quantize_in_norm = norm_quantizes(self.attn_sub_norm, self.o_proj)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        out, _ = self.o_proj(self.attn_sub_norm(self.attn(q, k, v)))
+        out = self.attn(q, k, v)
+        out, _ = self.o_proj(self.attn_sub_norm.quantized(out) if self.quantize_in_norm else self.attn_sub_norm(out))
         return out
 
 
@@ -97,9 +119,13 @@ class BitNetMLP(nn.Module):
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=False,
                                            quant_config=quant_config, prefix=f"{prefix}.down_proj")  # fmt: skip
         self.ffn_sub_norm = ShardedRMSNorm(config.intermediate_size, config.rms_norm_eps)
+        self.quantize_in_norm = norm_quantizes(self.ffn_sub_norm, self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, _ = self.gate_up_proj(x)
+        if self.quantize_in_norm:
+            out, _ = self.down_proj(self.ffn_sub_norm.quantized(gate_up, act="relu2_glu"))
+            return out
         gate, up = gate_up.chunk(2, dim=-1)
         out, _ = self.down_proj(self.ffn_sub_norm(torch.square(torch.relu(gate)) * up))
         return out

@@ -21,6 +21,10 @@ the same bits either way; but in the fused kernel Inductor computes that x itsel
 rounding of a norm in bf16 can differ from the unfused graph's in the last bit (on the CPU
 about 3% of the int8 values moved by one step), as compiled norms already differ from eager
 ones. ``TERNOP_FUSE_QUANT=0`` keeps the quantization inside ``ternop::linear``.
+
+``apply`` also takes :class:`ternop.activations.QuantizedRows`: int8 rows that the norm before
+the layer already made (``ternop::rms_norm_quant``, BitNet's sub-norms), passed to
+``ternop::linear_q8`` as they are. ``TERNOP_FUSE_QUANT=0`` turns that off as well.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import os
 import torch
 
 import ternop  # noqa: F401  (registers torch.ops.ternop.linear)
-from ternop.activations import quantize_rows, row_scales
+from ternop.activations import QuantizedRows, quantize_rows, row_scales
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, PACKED_DTYPE, SCALE_DTYPE, FormatError, validate
 from ternop.layouts import preferred_layout, repack
 from ternop.vllm_plugin._compat import (
@@ -157,6 +161,13 @@ class TernaryLinearMethod(LinearMethodBase):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.
         scale = layer.ternop_row_scale if layer.ternop_row_scaled else layer.weight_scale
+        if isinstance(x, QuantizedRows):  # quantized by the norm before this layer (ternop::rms_norm_quant)
+            if layer.ternop_activation_bits != 8:
+                name = getattr(layer, "ternop_prefix", self.prefix)
+                raise ValueError(f"{name}: got int8 rows, but its checkpoint has "
+                                 f"activation_bits={layer.ternop_activation_bits}")  # fmt: skip
+            return torch.ops.ternop.linear_q8(x.q, x.scale, layer.weight_packed, scale, bias, x.out_dtype,
+                                              layer.ternop_layout)  # fmt: skip
         if layer.ternop_activation_bits == 8 and FUSE_QUANT and torch.compiler.is_compiling():
             q, x_scale = quantize_rows(x)
             return torch.ops.ternop.linear_q8(q, x_scale, layer.weight_packed, scale, bias, x.dtype,

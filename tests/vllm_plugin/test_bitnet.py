@@ -54,6 +54,7 @@ def test_bitnet_greedy_tokens_match_transformers(bitnet, eager):
     prompts = prompt_ids(src)
     got, methods, _ = vllm_generate(ternary, prompts, eager=eager)
     assert methods[0].get("TernaryLinearMethod") == 8  # 2 layers x (qkv, o, gate_up, down)
+    assert methods[0].get("rms_norm_quant") == 4  # 2 layers x 2 sub-norms hand int8 rows to o_proj, down_proj
     if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":  # both on the CPU, the same int8 values: no swap at all
         assert got == hf_generate(_transformers(src), prompts)
     else:
@@ -68,7 +69,8 @@ def test_bitnet_logprobs_2x_rule_with_16_bit_activations(bitnet, tmp_path):
     _, ternary = bitnet
     a16 = with_activation_bits(ternary, tmp_path / "a16", 16)
     prompts = prompt_ids(a16)
-    tokens, _, got = vllm_generate(a16, prompts, eager=True, logprobs=True)
+    tokens, methods, got = vllm_generate(a16, prompts, eager=True, logprobs=True)
+    assert "rms_norm_quant" not in methods[0]  # 16-bit activations: the sub-norms return rows in x's dtype
     oracle = hf_logprobs(load_model(a16, dense=True, dtype=torch.float64), prompts)
     fp32 = load_model(a16, dense=True, dtype=torch.float32)
     assert_2x_rule(got, oracle, hf_logprobs(fp32, prompts))
