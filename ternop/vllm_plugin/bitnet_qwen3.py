@@ -8,7 +8,8 @@ the architecture ``BitNetQwen3Model`` (from ``Qwen3Model``) or ``BitNetQwen3ForC
 
 Because q, k and v (and gate and up) each normalize their input with their own weight, they are
 separate column-parallel layers here, not vLLM's fused ``qkv_proj`` / ``gate_up_proj``; the norm
-sits on the layer as ``<layer>.rms_norm`` so checkpoint names load unchanged. The norms of
+sits on the layer as ``<layer>.rms_norm`` so checkpoint names load unchanged. With int8
+activations on one rank each norm hands int8 rows to its layer (``ternop::rms_norm_quant``). The norms of
 ``o_proj`` and ``down_proj`` see a tensor-parallel slice of their input: they are
 :class:`ternop.vllm_plugin.bitnet.ShardedRMSNorm`. The rest is vLLM's Qwen3 (q/k norms per head,
 rotary, attention). ``BitNetQwen3Model`` pools the last token and normalizes it (Qwen3-Embedding's
@@ -30,18 +31,19 @@ from vllm.model_executor.models.qwen3 import Qwen3Attention, Qwen3Model
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
 from ternop.vllm_plugin._compat import weights_loader
-from ternop.vllm_plugin.bitnet import PreNormDecoderLayer, ShardedRMSNorm, check_ternary
+from ternop.vllm_plugin.bitnet import PreNormDecoderLayer, ShardedRMSNorm, check_ternary, norm_quantizes
 
 PROJECTION_NORM_KEY = "ternop_projection_norm_eps"
 
 
 def _normed(layer: nn.Module, size: int, eps: float, sharded: bool) -> nn.Module:
     layer.rms_norm = ShardedRMSNorm(size, eps, sharded=sharded)
+    layer.quantize_in_norm = norm_quantizes(layer.rms_norm, layer)
     return layer
 
 
 def _apply(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out, _ = layer(layer.rms_norm(x))
+    out, _ = layer(layer.rms_norm.quantized(x) if layer.quantize_in_norm else layer.rms_norm(x))
     return out
 
 

@@ -43,6 +43,7 @@ def test_bitnet_qwen3_embeddings_match_transformers(embedder, eager):
     src, ternary = embedder
     got, methods = vllm_embed(ternary, eager=eager)
     assert methods[0].get("TernaryLinearMethod") == 14  # 2 layers x 7 separate projections
+    assert methods[0].get("rms_norm_quant") == 14  # each projection's norm hands it int8 rows
     with torch.compiler.set_stance("force_eager"):
         want = hf_embed(AutoModel.from_pretrained(str(src), dtype=torch.float32).eval(), ternary, PROMPTS, "last")
     assert_close_embeddings(got, want)
