@@ -1,6 +1,8 @@
 """``torch.ops.ternop.rms_norm_quant``: an RMSNorm whose output goes straight to int8 rows.
 
     ternop::rms_norm_quant(Tensor x, Tensor weight, float eps, str act="none") -> (Tensor q, Tensor x_scale)
+    ternop::add_rms_norm_quant(Tensor x, Tensor residual, Tensor weight, float eps)
+        -> (Tensor q, Tensor x_scale, Tensor h)
 
 A W2A8 layer quantizes its input per token (``ternop.activations``). Where that input is an
 RMSNorm's output and nothing else reads it (BitNet's sub-norms before ``o_proj`` and
@@ -19,8 +21,12 @@ Spec. ``dt`` rounds to x's dtype; every step is the torch op the plain model run
     y      = dt(weight * dt(fp32(h) * r))                           (weight [D] in x's dtype)
     q, x_scale = ternop.activations.quantize_rows(y)
 
+``add_rms_norm_quant`` is a block's pre-norm with its residual add: ``h = x + residual``
+(in x's dtype, as the torch op rounds it, and returned: it is the next residual), then
+``rms_norm_quant(h, weight, eps)``.
+
 The order of the sum of squares is the only freedom an implementation has. ``q`` and
-``x_scale`` go to ``ternop::linear_q8``. The op is functional and has no backward.
+``x_scale`` go to ``ternop::linear_q8``. The ops are functional and have no backward.
 """
 
 from __future__ import annotations
@@ -31,12 +37,15 @@ from ternop.activations import quantize_rows
 
 SCHEMA = "(Tensor x, Tensor weight, float eps, str act=\"none\") -> (Tensor, Tensor)"
 QUALNAME = "ternop::rms_norm_quant"
+ADD_SCHEMA = "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)"
+ADD_QUALNAME = "ternop::add_rms_norm_quant"
 ACTS = ("none", "relu2_glu")
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 OP = "ternop.rms_norm_quant"
 
 _lib = torch.library.Library("ternop", "FRAGMENT")
 _lib.define("rms_norm_quant" + SCHEMA)
+_lib.define("add_rms_norm_quant" + ADD_SCHEMA)
 
 
 def check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str) -> int:
@@ -55,6 +64,23 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str) ->
         lambda: f"{OP}: x's last dimension must be {width} (weight has {d} features, act={act!r}), got {x.shape[-1]}",
     )
     return d
+
+
+def check_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
+    """Checks the arguments of ``add_rms_norm_quant`` and returns D."""
+    d = check_inputs(x, weight, eps, "none")
+    torch._check(
+        residual.shape == x.shape and residual.dtype == x.dtype and residual.device == x.device,
+        lambda: f"{OP}: residual must be like x ({tuple(x.shape)}, {x.dtype}, {x.device}), got "
+        f"{tuple(residual.shape)}, {residual.dtype}, {residual.device}",
+    )
+    return d
+
+
+def add_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """``add_rms_norm_quant`` in torch ops: (q, x_scale, h = x + residual)."""
+    h = x + residual
+    return (*reference(h, weight, eps), h)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
@@ -90,12 +116,40 @@ def _cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
     return rms_norm_quant(x, weight, eps, act)
 
 
+def _add_fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    check_residual(x, residual, weight, eps)
+    return (*_fake(x, weight, eps), torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+def _add_torch_ops(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    check_residual(x, residual, weight, eps)
+    return tuple(t.contiguous() for t in add_reference(x, residual, weight, eps))
+
+
+def _add_cuda(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    check_residual(x, residual, weight, eps)
+    from ternop.cuda.triton_norm_quant import MAX_D, rms_norm_quant
+
+    if weight.shape[0] > MAX_D:
+        return _add_torch_ops(x, residual, weight, eps)
+    return rms_norm_quant(x, weight, eps, "none", residual)
+
+
 _lib.impl("rms_norm_quant", _torch_ops, "CPU")
 _lib.impl("rms_norm_quant", _cuda, "CUDA")
 torch.library.register_fake(QUALNAME, _fake, lib=_lib)
+_lib.impl("add_rms_norm_quant", _add_torch_ops, "CPU")
+_lib.impl("add_rms_norm_quant", _add_cuda, "CUDA")
+torch.library.register_fake(ADD_QUALNAME, _add_fake, lib=_lib)
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
     """(q int8 [..., D], x_scale fp32 [...]): ``quantize_rows(rms_norm(x) * weight)`` as the
     module docstring says; ``torch.ops.ternop.rms_norm_quant``."""
     return torch.ops.ternop.rms_norm_quant(x, weight, eps, act)
+
+
+def add_rms_norm_quant(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(q int8 [..., D], x_scale fp32 [...], h = x + residual): a pre-norm with its residual
+    add, as the module docstring says; ``torch.ops.ternop.add_rms_norm_quant``."""
+    return torch.ops.ternop.add_rms_norm_quant(x, residual, weight, eps)

@@ -67,6 +67,30 @@ def test_relu2_glu_rounds_as_the_spec_says(dtype):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_add_variant_is_the_norm_of_the_rounded_sum(dtype):
+    x, w = _exact_sum_input(4, 384, 384, dtype, seed=3)
+    r, _ = _exact_sum_input(4, 384, 384, dtype, seed=4)
+    q, s, h = torch.ops.ternop.add_rms_norm_quant(x.view(2, 2, 384), r.view(2, 2, 384), w, 1e-5)
+    q_np, s_np = rms_norm_quant_np(x + r, w, 1e-5)
+    assert h.shape == (2, 2, 384) and torch.equal(h.view(4, 384), x + r)
+    np.testing.assert_array_equal(q.view(4, 384).numpy().astype(np.int64), q_np)
+    np.testing.assert_array_equal(s.view(4).numpy(), s_np)
+
+
+def test_add_variant_refuses_a_residual_unlike_x():
+    x, w = torch.randn(2, 128), torch.ones(128)
+    with pytest.raises(RuntimeError, match="residual must be like x"):
+        torch.ops.ternop.add_rms_norm_quant(x, torch.randn(2, 64), w, 1e-6)
+    with pytest.raises(RuntimeError, match="residual must be like x"):
+        torch.ops.ternop.add_rms_norm_quant(x, x.to(torch.float16), w, 1e-6)
+
+
+def test_add_variant_opcheck():
+    x = torch.randn(3, 2, 128)
+    torch.library.opcheck(torch.ops.ternop.add_rms_norm_quant.default, (x, torch.randn_like(x), torch.rand(128), 1e-6))
+
+
 def test_zero_row_gives_zero_codes_and_scale():
     q, s = torch.ops.ternop.rms_norm_quant(torch.zeros(2, 128), torch.ones(128), 1e-6)
     assert torch.equal(q, torch.zeros(2, 128, dtype=torch.int8)) and torch.equal(s, torch.zeros(2))

@@ -1,8 +1,9 @@
 """The CUDA kernel of ``ternop::rms_norm_quant`` (``ternop/norm_quant.py`` is its spec), and its launcher.
 
 One program per row holds the whole row in registers: one read of x (both halves with
-``relu2_glu``), the sum of squares, the normalization, the absmax and the rounding, then
-one write of the int8 row and its scale. Each step rounds where the spec's torch ops round,
+``relu2_glu``; x and the residual for ``ternop::add_rms_norm_quant``, whose sum it also writes),
+the sum of squares, the normalization, the absmax and the rounding, then one write of the
+int8 row and its scale. Each step rounds where the spec's torch ops round,
 and the launch turns off fp fusion, so the only difference from the reference is the order
 of the sum of squares.
 """
@@ -19,8 +20,8 @@ MAX_D = 8192
 
 
 @triton.jit
-def rms_norm_quant_kernel(x_ptr, w_ptr, q_ptr, qs_ptr, D, stride_xm, stride_qm, eps,
-                          GLU: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def rms_norm_quant_kernel(x_ptr, r_ptr, h_ptr, w_ptr, q_ptr, qs_ptr, D, stride_xm, stride_rm, stride_qm, eps,
+                          GLU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     dt = x_ptr.dtype.element_ty
     m = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -31,6 +32,11 @@ def rms_norm_quant_kernel(x_ptr, w_ptr, q_ptr, qs_ptr, D, stride_xm, stride_qm, 
         u = tl.load(row + D + offs, mask=mask, other=0.0).to(tl.float32)
         h = (g * g).to(dt).to(tl.float32)
         h = (h * u).to(dt).to(tl.float32)
+    elif RESIDUAL:  # h = dt(x + residual), also written out: the next block's residual
+        h = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+        h = (h + tl.load(r_ptr + m * stride_rm + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        tl.store(h_ptr + m * D + offs, h, mask=mask)
+        h = h.to(tl.float32)
     else:
         h = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
     ss = tl.sum(h * h, axis=0)
@@ -46,23 +52,31 @@ def rms_norm_quant_kernel(x_ptr, w_ptr, q_ptr, qs_ptr, D, stride_xm, stride_qm, 
     tl.store(qs_ptr + m, tl.math.div_rn(a, 127.0))
 
 
-def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str):
-    """x [..., D or 2D], weight [D] (checked by the op) -> (q int8 [..., D], x_scale fp32 [...])."""
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str, residual: torch.Tensor | None = None):
+    """x [..., D or 2D], weight [D], residual like x or None (checked by the op) ->
+    (q int8 [..., D], x_scale fp32 [...]), and with a residual also h = x + residual [..., D]."""
     d = weight.shape[0]
     assert d <= MAX_D, f"rows of {d} > {MAX_D} features go to the op's torch reference"
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
+    r2 = _rows(residual) if residual is not None else x2
     m = x2.shape[0]
     q = torch.empty((m, d), dtype=torch.int8, device=x.device)
     qs = torch.empty((m,), dtype=torch.float32, device=x.device)
+    h = torch.empty((m, d), dtype=x.dtype, device=x.device) if residual is not None else q
     if m:
         block = triton.next_power_of_2(d)
         rms_norm_quant_kernel[(m,)](
-            x2, weight.contiguous(), q, qs, d, x2.stride(0), q.stride(0), float(eps),
-            GLU=act == "relu2_glu", BLOCK=block, num_warps=max(4, min(16, block // 512)),
+            x2, r2, h, weight.contiguous(), q, qs, d, x2.stride(0), r2.stride(0), q.stride(0), float(eps),
+            GLU=act == "relu2_glu", RESIDUAL=residual is not None, BLOCK=block,
+            num_warps=max(4, min(16, block // 512)),
             # Every product rounds before it is added or rounded further, as in the reference.
             enable_fp_fusion=False,
         )  # fmt: skip
-    return q.view(*lead, d), qs.view(lead)
+    out = (q.view(*lead, d), qs.view(lead))
+    return out if residual is None else (*out, h.view(*lead, d))

@@ -47,6 +47,29 @@ def test_random_rows_within_the_sum_order(shape, d, act):
     assert torch.allclose(s.cpu(), s_ref, rtol=2**-7, atol=0)
 
 
+@pytest.mark.parametrize("m,d", [(1, 2560), (16, 2560), (5, 100), (257, 4096)])
+def test_add_variant_exact_sums_give_the_references_bits(m, d):
+    g = torch.Generator().manual_seed(m * d)
+    x, r = ((torch.randint(-8, 9, (m, d), generator=g) / 8).to(torch.bfloat16) for _ in range(2))
+    w = (torch.randint(1, 9, (d,), generator=g) / 4).to(torch.bfloat16)
+    want = nq.add_reference(x, r, w, 1e-5)
+    got = torch.ops.ternop.add_rms_norm_quant(x.cuda(), r.cuda(), w.cuda(), 1e-5)
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b)
+
+
+def test_add_variant_random_rows_within_the_sum_order():
+    torch.manual_seed(1)
+    x, r = (torch.randn(2, 9, 2560).to(torch.bfloat16) * 4 for _ in range(2))
+    w = (torch.rand(2560) + 0.5).to(torch.bfloat16)
+    q_ref, s_ref, h_ref = nq.add_reference(x, r, w, 1e-6)
+    q, s, h = torch.ops.ternop.add_rms_norm_quant(x.cuda(), r.cuda(), w.cuda(), 1e-6)
+    assert torch.equal(h.cpu(), h_ref)
+    diff = (q.cpu().int() - q_ref.int()).abs()
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 1e-3
+    assert torch.allclose(s.cpu(), s_ref, rtol=2**-7, atol=0)
+
+
 def test_strided_rows_and_capture_and_compile():
     d = 512
     base = torch.randn(9, 2 * d + 64, device="cuda").to(torch.bfloat16)

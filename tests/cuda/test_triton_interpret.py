@@ -36,4 +36,4 @@ def test_triton_kernels_interpreted_on_cpu():
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, f"interpreter check failed:\n{proc.stdout}\n{proc.stderr}"
-    assert proc.stdout.count(" ok") == 23 and "FAIL" not in proc.stdout, proc.stdout
+    assert proc.stdout.count(" ok") == 24 and "FAIL" not in proc.stdout, proc.stdout

@@ -202,7 +202,15 @@ def check_rms_norm_quant() -> bool:
         exact = bool((q.numpy() == q_np).all() and (s.numpy() == s_np).all() and (q != 0).any())
         print(f"rms_norm_quant [{act}]: M={m} D={d} {x.dtype} bit for bit {'ok' if exact else 'FAIL'}")
         ok &= exact
-    return ok
+    # With a residual: h = x + r written out, then the same norm of h.
+    x = (torch.randint(-8, 9, (3, 200)) / 8).to(torch.float16)
+    r = (torch.randint(-8, 9, (3, 200)) / 8).to(torch.float16)
+    w = (torch.randint(1, 9, (200,)) / 4).to(torch.float16)
+    q, s, h = rms_norm_quant(x, w, 1e-5, "none", r)
+    q_np, s_np = rms_norm_quant_np(x + r, w, 1e-5)
+    exact = bool(torch.equal(h, x + r) and (q.numpy() == q_np).all() and (s.numpy() == s_np).all())
+    print(f"add_rms_norm_quant: M=3 D=200 {x.dtype} bit for bit {'ok' if exact else 'FAIL'}")
+    return ok and exact
 
 
 if __name__ == "__main__":
