@@ -5,8 +5,9 @@ The architecture is Llama's with three changes (transformers' ``modeling_bitnet`
 - a squared-ReLU MLP, ``down_proj(ffn_sub_norm(relu(gate_proj(x))^2 * up_proj(x)))``;
 - every linear layer quantizes its input per token to int8 (W1.58A8). Here that is the
   checkpoint's ``activation_bits: 8``, which ``TernaryLinearMethod`` passes to ``ternop::linear``.
-  The layers after the two sub-norms take int8 rows that the norm made in the same kernel
-  (``ternop::rms_norm_quant``; the MLP's squared ReLU and product run in it too), on one rank.
+  Every layer takes int8 rows that the norm before it made in the same kernel
+  (``ternop::rms_norm_quant``, ``ternop::add_rms_norm_quant`` for the pre-norms with their residual
+  add; the MLP's squared ReLU and product run in the sub-norm's). The sub-norms do so on one rank.
 
 So the model takes vLLM's Llama attention, decoder stack, LM head and weight loading, and adds
 the two sub-norms. Those norms sit on the input of a row-parallel layer, whose features
@@ -80,13 +81,42 @@ class ShardedRMSNorm(nn.Module):
         return QuantizedRows(q, scale, x.dtype)
 
 
+class QuantizingRMSNorm(nn.Module):
+    """A block's pre-norm whose output only the next ternary layers read, handing them int8 rows.
+
+    vLLM's ``RMSNorm`` calling convention: ``norm(x)`` -> rows, ``norm(x, residual)`` -> (rows,
+    x + residual), the rows being :class:`QuantizedRows` (``ternop::rms_norm_quant`` and
+    ``ternop::add_rms_norm_quant``). The sum x + residual rounds to x's dtype before the norm, as
+    in transformers' BitNet. The norm holds every feature on every rank (its layers are column-parallel).
+    """
+
+    quantize_in_norm = True  # counted by ternop.vllm_plugin.linear_methods
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            q, scale = torch.ops.ternop.rms_norm_quant(x, self.weight, self.eps)
+            return QuantizedRows(q, scale, x.dtype)
+        q, scale, h = torch.ops.ternop.add_rms_norm_quant(x, residual, self.weight, self.eps)
+        return QuantizedRows(q, scale, x.dtype), h
+
+
+def takes_int8_rows(layer: nn.Module) -> bool:
+    """Whether ``layer`` takes :class:`QuantizedRows`: a ternary layer with int8 activations, and
+    ``TERNOP_FUSE_QUANT`` not 0."""
+    method = getattr(layer, "quant_method", None)
+    return isinstance(method, TernaryLinearMethod) and method.quant_config.activation_bits == 8 and FUSE_QUANT
+
+
 def norm_quantizes(norm: ShardedRMSNorm, layer: nn.Module) -> bool:
     """Whether ``layer``, after ``norm``, takes int8 rows from it (``ShardedRMSNorm.quantized``):
-    a ternary layer with int8 activations, one rank (with more, the row's sum of squares is
-    all-reduced between ranks), and ``TERNOP_FUSE_QUANT`` not 0."""
-    method = getattr(layer, "quant_method", None)
-    return (isinstance(method, TernaryLinearMethod) and method.quant_config.activation_bits == 8
-            and norm.tp_size == 1 and FUSE_QUANT)  # fmt: skip
+    :func:`takes_int8_rows`, on one rank (with more, the row's sum of squares is all-reduced
+    between ranks)."""
+    return takes_int8_rows(layer) and norm.tp_size == 1
 
 
 class BitNetAttention(LlamaAttention):
@@ -168,8 +198,11 @@ class BitNetDecoderLayer(PreNormDecoderLayer):
             prefix=f"{prefix}.self_attn",
         )
         self.mlp = BitNetMLP(config, quant_config, prefix=f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # The pre-norms feed qkv_proj and gate_up_proj only: with int8 activations they quantize.
+        for name, layer in (("input_layernorm", self.self_attn.qkv_proj),
+                            ("post_attention_layernorm", self.mlp.gate_up_proj)):  # fmt: skip
+            norm = QuantizingRMSNorm if takes_int8_rows(layer) else RMSNorm
+            setattr(self, name, norm(config.hidden_size, eps=config.rms_norm_eps))
 
 
 def check_ternary(quant_config, arch: str) -> None:
