@@ -2,14 +2,16 @@
 
     python benchmarks/bench_norm_quant.py --out benchmarks/results/h200/bench_norm_quant.json [--ms 1 16 64 512]
 
-For BitNet-b1.58-2B-shaped rows (the attention sub-norm, D = 2560; the MLP's squared ReLU,
+For BitNet-b1.58-2B-shaped rows (a pre-norm with its residual add, D = 2560:
+``ternop::add_rms_norm_quant``; the attention sub-norm, D = 2560; the MLP's squared ReLU,
 product and sub-norm, D = 6912 from a [M, 13824] gate/up output), times per call, in CUDA
 graphs (``triton.testing.do_bench_cudagraph``):
 - ``ternop``: the op, one kernel;
-- ``inductor``: ``torch.compile`` of the same torch ops (``ternop.norm_quant.reference``),
-  which is what the plugin's BitNet model ran before the op, Inductor fusing norm and quantization;
-- ``inductor_norm_only``: the compiled norm without the quantization (its output in bf16), what a
-  bf16 model pays for the same norm.
+- ``inductor``: ``torch.compile`` of the same torch ops (``ternop.norm_quant.reference``,
+  ``add_reference``), which is what the plugin's BitNet model ran before the ops, Inductor
+  fusing norm and quantization;
+- ``inductor_norm_only``: the compiled norm (and add) without the quantization, its output in
+  bf16: what a bf16 model pays for the same norm.
 Each result is checked first: the op's int8 codes within one step of the compiled ones.
 """
 
@@ -25,11 +27,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stamp import git_commit  # noqa: E402
 
-SHAPES = [("attn_sub_norm", 2560, "none"), ("ffn_relu2_sub_norm", 6912, "relu2_glu")]
+SHAPES = [("pre_norm_add", 2560, "residual"), ("attn_sub_norm", 2560, "none"),
+          ("ffn_relu2_sub_norm", 6912, "relu2_glu")]  # fmt: skip
 
 
-def _norm_only(x, w, eps, act):
-    if act == "relu2_glu":
+def _norm_only(x, w, eps, act, r=None):
+    if act == "residual":
+        x = x + r
+    elif act == "relu2_glu":
         g, u = x.chunk(2, dim=-1)
         x = torch.square(torch.relu(g)) * u
     xf = x.to(torch.float32)
@@ -48,21 +53,26 @@ def main() -> int:
     torch.manual_seed(0)
     eps = 1e-5
     compiled = torch.compile(nq.reference, dynamic=True)
+    compiled_add = torch.compile(nq.add_reference, dynamic=True)
     compiled_norm = torch.compile(_norm_only, dynamic=True)
     rows = []
     for name, d, act in SHAPES:
         w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
         for m in args.ms:
             x = (torch.randn(m, 2 * d if act == "relu2_glu" else d, device="cuda") * 3).to(torch.bfloat16)
-            q, _ = torch.ops.ternop.rms_norm_quant(x, w, eps, act)
-            q_ref, _ = compiled(x, w, eps, act)
-            worst = int((q.int() - q_ref.int()).abs().max())
+            r = torch.randn_like(x)
+            if act == "residual":
+                op = lambda: torch.ops.ternop.add_rms_norm_quant(x, r, w, eps)  # noqa: E731
+                ref = lambda: compiled_add(x, r, w, eps)  # noqa: E731
+            else:
+                op = lambda: torch.ops.ternop.rms_norm_quant(x, w, eps, act)  # noqa: E731
+                ref = lambda: compiled(x, w, eps, act)  # noqa: E731
+            worst = int((op()[0].int() - ref()[0].int()).abs().max())
             if worst > 1:
                 raise SystemExit(f"{name} M={m}: the op's codes differ from the compiled ones by {worst}")
             row = {"shape": name, "D": d, "act": act, "M": m, "max_code_diff": worst}
-            for impl, fn in (("ternop", lambda: torch.ops.ternop.rms_norm_quant(x, w, eps, act)),
-                             ("inductor", lambda: compiled(x, w, eps, act)),
-                             ("inductor_norm_only", lambda: compiled_norm(x, w, eps, act))):  # fmt: skip
+            for impl, fn in (("ternop", op), ("inductor", ref),
+                             ("inductor_norm_only", lambda: compiled_norm(x, w, eps, act, r))):  # fmt: skip
                 row[f"{impl}_us"] = round(triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3, 3)
             row["inductor_over_ternop"] = round(row["inductor_us"] / row["ternop_us"], 3)
             rows.append(row)
