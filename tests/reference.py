@@ -100,6 +100,20 @@ def quantize_rows_np(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return q, (amax / np.float32(127)).astype(np.float32)
 
 
+def exact_sum_rows(m: int, d: int, act: str, dtype, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, weight) for ``ternop::rms_norm_quant`` whose sums of squares are exact in float32 in
+    any order, so that every implementation must give the spec's bits: x = k/8 (|x| <= 1, squares
+    in steps of 2^-6) and weights k/4; with ``relu2_glu`` gates in {0, +-1/2, +-1}, so that
+    h = g^2 * u keeps steps of 2^-5 and D * 2^10 steps stay below 2^24. Row 0 is partly zero."""
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    x = torch.randint(-8, 9, (m, d), generator=g) / 8
+    if act == "relu2_glu":
+        x = torch.cat([torch.randint(-2, 3, (m, d), generator=g) / 2, x], dim=1)
+    x[0, : x.shape[1] // 3] = 0
+    w = torch.randint(1, 9, (d,), generator=g) / 4
+    return x.to(dtype), w.to(dtype)
+
+
 def rms_norm_quant_np(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
     """``ternop::rms_norm_quant`` as its spec words it, in NumPy (float16 or float32 x; NumPy has
     no bfloat16): (q int64 [M, D], s_x float32 [M]). The sum of squares runs in float64 and

@@ -9,25 +9,15 @@ import torch
 
 import ternop.norm_quant as nq
 from ternop.activations import quantize_rows
-from tests.reference import rms_norm_quant_np
+from tests.reference import exact_sum_rows, rms_norm_quant_np
 
 CASES = [(3, 384, "none"), (2, 200, "relu2_glu"), (5, 96, "none"), (1, 6912, "relu2_glu")]
-
-
-def _exact_sum_input(m: int, width: int, d: int, dtype, seed: int = 0):
-    """x with values k/8 and a weight with values k/4: every sum of squares is exact in float32
-    whatever its order, so any implementation must give the spec's bits."""
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randint(-8, 9, (m, width), generator=g) / 8).to(dtype)
-    x[0, : width // 3] = 0  # a partly empty row
-    w = (torch.randint(1, 9, (d,), generator=g) / 4).to(dtype)
-    return x, w
 
 
 @pytest.mark.parametrize("m,d,act", CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_reference_equals_the_spec_in_numpy(m, d, act, dtype):
-    x, w = _exact_sum_input(m, 2 * d if act == "relu2_glu" else d, d, dtype)
+    x, w = exact_sum_rows(m, d, act, dtype)
     q, s = torch.ops.ternop.rms_norm_quant(x, w, 1e-5, act)
     q_np, s_np = rms_norm_quant_np(x, w, 1e-5, act)
     assert q.dtype == torch.int8 and q.shape == (m, d) and s.dtype == torch.float32 and s.shape == (m,)
@@ -69,8 +59,8 @@ def test_relu2_glu_rounds_as_the_spec_says(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_add_variant_is_the_norm_of_the_rounded_sum(dtype):
-    x, w = _exact_sum_input(4, 384, 384, dtype, seed=3)
-    r, _ = _exact_sum_input(4, 384, 384, dtype, seed=4)
+    x, w = exact_sum_rows(4, 384, "none", dtype, torch.Generator().manual_seed(3))
+    r, _ = exact_sum_rows(4, 384, "none", dtype, torch.Generator().manual_seed(4))
     q, s, h = torch.ops.ternop.add_rms_norm_quant(x.view(2, 2, 384), r.view(2, 2, 384), w, 1e-5)
     q_np, s_np = rms_norm_quant_np(x + r, w, 1e-5)
     assert h.shape == (2, 2, 384) and torch.equal(h.view(4, 384), x + r)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ternop.norm_quant as nq
+from tests.reference import exact_sum_rows
 
 pytestmark = [
     pytest.mark.gpu,
@@ -13,17 +14,10 @@ pytestmark = [
 ]
 
 
-def _width(d: int, act: str) -> int:
-    return 2 * d if act == "relu2_glu" else d
-
-
 @pytest.mark.parametrize("m,d,act", [(1, 2560, "none"), (16, 6912, "relu2_glu"), (7, 100, "none"), (33, 640, "relu2_glu")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_exact_sums_give_the_references_bits(m, d, act, dtype):
-    # Values k/8 and weights k/4: every order of the sum of squares gives the same fp32 sum.
-    g = torch.Generator().manual_seed(m + d)
-    x = (torch.randint(-8, 9, (m, _width(d, act)), generator=g) / 8).to(dtype)
-    w = (torch.randint(1, 9, (d,), generator=g) / 4).to(dtype)
+    x, w = exact_sum_rows(m, d, act, dtype, torch.Generator().manual_seed(m + d))
     want = nq.reference(x, w, 1e-5, act)
     got = torch.ops.ternop.rms_norm_quant(x.cuda(), w.cuda(), 1e-5, act)
     assert got[0].dtype == torch.int8 and got[1].dtype == torch.float32

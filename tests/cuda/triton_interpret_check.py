@@ -21,6 +21,7 @@ from ternop import layouts  # noqa: E402
 from ternop.cuda import launch_dequant_a8, launch_fused, launch_triton, triton_kernels  # noqa: E402
 from ternop.cuda.configs import DequantA8Config, FusedConfig  # noqa: E402
 from tests.reference import linear_a8_fp64, linear_fp64, quantize_rows_np, random_packed, rms_norm_quant_np  # noqa: E402
+from tests.reference import exact_sum_rows  # noqa: E402
 
 
 def _rel_err(y, ref):
@@ -186,17 +187,14 @@ def check_dequant_a8() -> bool:
 
 def check_rms_norm_quant() -> bool:
     """The norm-and-quantize kernel on values whose sums of squares are exact in any order
-    (k/8, weights k/4): bit for bit NumPy's reading of the spec, a partly empty row, widths
+    (tests.reference.exact_sum_rows): bit for bit NumPy's reading of the spec, a partly empty row, widths
     that are not powers of two, both acts. fp16 and fp32 (the interpreter's bf16 does not round)."""
     from ternop.cuda.triton_norm_quant import rms_norm_quant
 
     ok = True
     for m, d, act, dtype in [(3, 384, "none", torch.float16), (2, 200, "relu2_glu", torch.float32),
                              (4, 96, "relu2_glu", torch.float16)]:  # fmt: skip
-        width = 2 * d if act == "relu2_glu" else d
-        x = (torch.randint(-8, 9, (m, width)) / 8).to(dtype)
-        x[0, : width // 3] = 0
-        w = (torch.randint(1, 9, (d,)) / 4).to(dtype)
+        x, w = exact_sum_rows(m, d, act, dtype)
         q, s = rms_norm_quant(x, w, 1e-5, act)
         q_np, s_np = rms_norm_quant_np(x, w, 1e-5, act)
         exact = bool((q.numpy() == q_np).all() and (s.numpy() == s_np).all() and (q != 0).any())
