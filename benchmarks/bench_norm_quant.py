@@ -12,7 +12,7 @@ graphs (``triton.testing.do_bench_cudagraph``):
   fusing norm and quantization;
 - ``inductor_norm_only``: the compiled norm (and add) without the quantization, its output in
   bf16: what a bf16 model pays for the same norm.
-Each result is checked first: the op's int8 codes within one step of the compiled ones.
+Each result is checked first: the op's int8 codes within one step of the torch ops run eagerly.
 """
 
 from __future__ import annotations
@@ -64,13 +64,18 @@ def main() -> int:
             if act == "residual":
                 op = lambda: torch.ops.ternop.add_rms_norm_quant(x, r, w, eps)  # noqa: E731
                 ref = lambda: compiled_add(x, r, w, eps)  # noqa: E731
+                spec = nq.add_reference(x, r, w, eps)
             else:
                 op = lambda: torch.ops.ternop.rms_norm_quant(x, w, eps, act)  # noqa: E731
                 ref = lambda: compiled(x, w, eps, act)  # noqa: E731
-            worst = int((op()[0].int() - ref()[0].int()).abs().max())
+                spec = nq.reference(x, w, eps, act)
+            # Against the spec's torch ops run eagerly: within one code (the sum's order). Inductor's
+            # fused code skips some of their roundings (x + residual in bf16), so it may differ more.
+            worst = int((op()[0].int() - spec[0].int()).abs().max())
             if worst > 1:
-                raise SystemExit(f"{name} M={m}: the op's codes differ from the compiled ones by {worst}")
-            row = {"shape": name, "D": d, "act": act, "M": m, "max_code_diff": worst}
+                raise SystemExit(f"{name} M={m}: the op's codes differ from the spec's torch ops by {worst}")
+            row = {"shape": name, "D": d, "act": act, "M": m, "max_code_diff_vs_torch_ops": worst,
+                   "max_code_diff_vs_inductor": int((op()[0].int() - ref()[0].int()).abs().max())}  # fmt: skip
             for impl, fn in (("ternop", op), ("inductor", ref),
                              ("inductor_norm_only", lambda: compiled_norm(x, w, eps, act, r))):  # fmt: skip
                 row[f"{impl}_us"] = round(triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3, 3)
