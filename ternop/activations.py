@@ -64,7 +64,7 @@ def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class QuantizedRows(NamedTuple):
     """Activations already quantized per token, as :func:`quantize_rows` makes them, with the
     dtype the product returns. A layer that quantizes its input takes these as they are (the
-    vLLM plugin's linear method, after ``ternop::rms_norm_quant``)."""
+    vLLM plugin's linear method, after ``ternop::rms_norm_quant``; ``ternop/norm_quant.py``)."""
 
     q: torch.Tensor
     scale: torch.Tensor

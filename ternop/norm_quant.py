@@ -5,12 +5,13 @@
         -> (Tensor q, Tensor x_scale, Tensor h)
 
 A W2A8 layer quantizes its input per token (``ternop.activations``). Where that input is an
-RMSNorm's output and nothing else reads it (BitNet's sub-norms before ``o_proj`` and
-``down_proj``), the normalized rows exist only to be quantized. Compiled, the two fuse into one
-generated kernel, but at decode sizes that kernel walks each row three times in a loop (the
-sum of squares, the absmax, the rounding) on one program per row: 2.4-5.2 us a call on the H200
-against 1.9-2.0 us for bf16's own norm (benchmarks/results/h200/bench_vllm_bitnet_a5c96c3.json).
-This op keeps a row in registers and reads it once.
+RMSNorm's output and nothing else reads it (every norm of a BitNet block: the two pre-norms
+and the sub-norms before ``o_proj`` and ``down_proj``), the normalized rows exist only to be
+quantized. Compiled, the two fuse into one generated kernel, but at decode sizes that kernel
+walks each row three times in a loop (the sum of squares, the absmax, the rounding) on one
+program per row: 2.4-5.2 us a call on the H200 against 1.9-2.0 us for bf16's own norm
+(benchmarks/results/h200/bench_vllm_bitnet_a5c96c3.json). These ops keep a row in registers
+and read it once (docs/KERNELS.md has their speed).
 
 Spec. ``dt`` rounds to x's dtype; every step is the torch op the plain model runs:
 
@@ -128,7 +129,7 @@ def _add_torch_ops(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 
 def _add_cuda(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     check_residual(x, residual, weight, eps)
-    from ternop.cuda.triton_norm_quant import MAX_D, rms_norm_quant
+    from ternop.cuda.triton_norm_quant import MAX_D, rms_norm_quant  # deferred: triton loads on first use
 
     if weight.shape[0] > MAX_D:
         return _add_torch_ops(x, residual, weight, eps)

@@ -1,4 +1,5 @@
-"""The CUDA kernel of ``ternop::rms_norm_quant`` (``ternop/norm_quant.py`` is its spec), and its launcher.
+"""The CUDA kernel of ``ternop::rms_norm_quant`` and ``ternop::add_rms_norm_quant``
+(``ternop/norm_quant.py`` is their spec), and its launcher.
 
 One program per row holds the whole row in registers: one read of x (both halves with
 ``relu2_glu``; x and the residual for ``ternop::add_rms_norm_quant``, whose sum it also writes),

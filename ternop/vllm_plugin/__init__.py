@@ -57,7 +57,7 @@ def linear_methods(model) -> dict[str, int]:
 
     Pass it to ``LLM.apply_model``; it lives here, importable, so that vLLM's worker
     processes can unpickle it. Example: ``{"TernaryLinearMethod": 24, "UnquantizedLinearMethod": 2}``.
-    Norms that hand int8 rows straight to the next layer (BitNet's sub-norms with int8
+    Norms that hand int8 rows straight to the next layer (the BitNet models' norms with int8
     activations, ``ternop::rms_norm_quant``) are counted as ``"rms_norm_quant"``.
     """
     counts: dict[str, int] = {}
