@@ -20,8 +20,14 @@ import ternop  # noqa: E402
 from ternop import layouts  # noqa: E402
 from ternop.cuda import launch_dequant_a8, launch_fused, launch_triton, triton_kernels  # noqa: E402
 from ternop.cuda.configs import DequantA8Config, FusedConfig  # noqa: E402
-from tests.reference import linear_a8_fp64, linear_fp64, quantize_rows_np, random_packed, rms_norm_quant_np  # noqa: E402
-from tests.reference import exact_sum_rows  # noqa: E402
+from tests.reference import (  # noqa: E402
+    exact_sum_rows,
+    linear_a8_fp64,
+    linear_fp64,
+    quantize_rows_np,
+    random_packed,
+    rms_norm_quant_np,
+)
 
 
 def _rel_err(y, ref):
