@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+import ternop.norm_quant as nq
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stamp import git_commit  # noqa: E402
 
@@ -32,19 +34,11 @@ SHAPES = [("pre_norm_add", 2560, "residual"), ("attn_sub_norm", 2560, "none"),
 
 
 def _norm_only(x, w, eps, act, r=None):
-    if act == "residual":
-        x = x + r
-    elif act == "relu2_glu":
-        g, u = x.chunk(2, dim=-1)
-        x = torch.square(torch.relu(g)) * u
-    xf = x.to(torch.float32)
-    return w * (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) / x.shape[-1] + eps)).to(x.dtype)
+    return nq.normed(x + r, w, eps) if act == "residual" else nq.normed(x, w, eps, act)
 
 
 def main() -> int:
     import triton.testing
-
-    import ternop.norm_quant as nq
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/h200/bench_norm_quant.json")
@@ -71,11 +65,12 @@ def main() -> int:
                 spec = nq.reference(x, w, eps, act)
             # Against the spec's torch ops run eagerly: within one code (the sum's order). Inductor's
             # fused code skips some of their roundings (x + residual in bf16), so it may differ more.
-            worst = int((op()[0].int() - spec[0].int()).abs().max())
+            q = op()[0].int()
+            worst = int((q - spec[0].int()).abs().max())
             if worst > 1:
                 raise SystemExit(f"{name} M={m}: the op's codes differ from the spec's torch ops by {worst}")
             row = {"shape": name, "D": d, "act": act, "M": m, "max_code_diff_vs_torch_ops": worst,
-                   "max_code_diff_vs_inductor": int((op()[0].int() - ref()[0].int()).abs().max())}  # fmt: skip
+                   "max_code_diff_vs_inductor": int((q - ref()[0].int()).abs().max())}  # fmt: skip
             for impl, fn in (("ternop", op), ("inductor", ref),
                              ("inductor_norm_only", lambda: compiled_norm(x, w, eps, act, r))):  # fmt: skip
                 row[f"{impl}_us"] = round(triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3, 3)

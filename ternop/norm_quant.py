@@ -84,8 +84,8 @@ def add_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return (*reference(h, weight, eps), h)
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
-    """The spec in plain torch ops (module docstring): what the CPU runs, and the kernels' check."""
+def normed(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none") -> torch.Tensor:
+    """y of the spec (module docstring) in plain torch ops: the normalized rows, in x's dtype."""
     if act == "relu2_glu":
         g, u = x.chunk(2, dim=-1)
         h = torch.square(torch.relu(g)) * u
@@ -93,7 +93,12 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "non
         h = x
     hf = h.to(torch.float32)
     hf = hf * torch.rsqrt(hf.pow(2).sum(dim=-1, keepdim=True) / h.shape[-1] + eps)
-    return quantize_rows(weight * hf.to(x.dtype))
+    return weight * hf.to(x.dtype)
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
+    """The spec in plain torch ops (module docstring): what the CPU runs, and the kernels' check."""
+    return quantize_rows(normed(x, weight, eps, act))
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str = "none"):
