@@ -166,11 +166,11 @@ class TernaryLinearMethod(LinearMethodBase):
                 name = getattr(layer, "ternop_prefix", self.prefix)
                 raise ValueError(f"{name}: got int8 rows, but its checkpoint has "
                                  f"activation_bits={layer.ternop_activation_bits}")  # fmt: skip
-            return torch.ops.ternop.linear_q8(x.q, x.scale, layer.weight_packed, scale, bias, x.out_dtype,
-                                              layer.ternop_layout)  # fmt: skip
-        if layer.ternop_activation_bits == 8 and FUSE_QUANT and torch.compiler.is_compiling():
-            q, x_scale = quantize_rows(x)
-            return torch.ops.ternop.linear_q8(q, x_scale, layer.weight_packed, scale, bias, x.dtype,
-                                              layer.ternop_layout)
-        return torch.ops.ternop.linear(x, layer.weight_packed, scale, bias, layer.ternop_activation_bits,
-                                       layer.ternop_layout)
+            rows = x
+        elif layer.ternop_activation_bits == 8 and FUSE_QUANT and torch.compiler.is_compiling():
+            rows = QuantizedRows(*quantize_rows(x), x.dtype)
+        else:
+            return torch.ops.ternop.linear(x, layer.weight_packed, scale, bias, layer.ternop_activation_bits,
+                                           layer.ternop_layout)  # fmt: skip
+        return torch.ops.ternop.linear_q8(rows.q, rows.scale, layer.weight_packed, scale, bias, rows.out_dtype,
+                                          layer.ternop_layout)  # fmt: skip
