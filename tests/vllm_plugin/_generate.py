@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ternop.vllm_plugin import linear_methods
-from tests.vllm_plugin._llm import engine_args
+from tests.vllm_plugin._llm import engine_args, released_on_exit
 
 MAX_TOKENS = 8
 NEAR_TIE = 0.05
@@ -46,16 +45,16 @@ def vllm_generate(path, prompts, *, eager: bool, logprobs: bool = False, **kwarg
     from vllm.inputs import TokensPrompt
 
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
-    llm = LLM(model=str(path), dtype="float32", max_model_len=128, enforce_eager=eager, seed=0,
-              max_logprobs=vocab if logprobs else 20, **engine_args(**kwargs))  # fmt: skip
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                                prompt_logprobs=vocab if logprobs else None)
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        methods = llm.apply_model(linear_methods)
-    finally:
-        del llm
-        gc.collect()
+    with released_on_exit():
+        llm = LLM(model=str(path), dtype="float32", max_model_len=128, enforce_eager=eager, seed=0,
+                  max_logprobs=vocab if logprobs else 20, **engine_args(**kwargs))  # fmt: skip
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                    prompt_logprobs=vocab if logprobs else None)
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            methods = llm.apply_model(linear_methods)
+        finally:
+            del llm
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     if not logprobs:
         return tokens, methods, None

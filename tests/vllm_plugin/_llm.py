@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,18 +27,47 @@ def engine_args(**kwargs) -> dict:
     return kwargs
 
 
+def _gpu_memory_used() -> int:
+    """Bytes in use on GPU 0 as the driver counts them, every process included (NVML: no CUDA context here)."""
+    from vllm.third_party import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@contextmanager
+def released_on_exit(timeout_s: float = 60.0, slack: int = 1 << 30):
+    """On a GPU, wait on exit until the memory in use is back within ``slack`` of what it was on entry.
+
+    Deleting an ``LLM`` asks its engine process to stop but does not wait for the driver to take its memory back. An
+    engine started next saw that memory come free during its own memory profiling and stopped with vLLM's "Error in
+    memory profiling" (results/h200/vllm_a8_gpu_36b4bc1.log). After ``timeout_s`` it gives up: the next engine's
+    error then says what is wrong."""
+    before = _gpu_memory_used() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        gc.collect()
+        deadline = time.monotonic() + timeout_s
+        while before is not None and _gpu_memory_used() > before + slack and time.monotonic() < deadline:
+            time.sleep(0.25)
+
+
 def vllm_embed(path: str | Path, *, eager: bool, prompts=PROMPTS, **kwargs) -> tuple[torch.Tensor, list[dict]]:
     """vLLM ``embed`` in fp32 -> (L2-normalized [len(prompts), hidden], per-worker count of layer methods)."""
     from vllm import LLM
 
-    llm = LLM(model=str(path), runner="pooling", dtype="float32", max_model_len=128, enforce_eager=eager,
-              seed=0, **engine_args(**kwargs))  # fmt: skip
-    try:
-        outs = llm.embed(list(prompts))
-        methods = llm.apply_model(linear_methods)
-    finally:
-        del llm
-        gc.collect()
+    with released_on_exit():
+        llm = LLM(model=str(path), runner="pooling", dtype="float32", max_model_len=128, enforce_eager=eager,
+                  seed=0, **engine_args(**kwargs))  # fmt: skip
+        try:
+            outs = llm.embed(list(prompts))
+            methods = llm.apply_model(linear_methods)
+        finally:
+            del llm
     vecs = torch.tensor([o.outputs.embedding for o in outs], dtype=torch.float32)
     return torch.nn.functional.normalize(vecs, dim=-1), methods
 
