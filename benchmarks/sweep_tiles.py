@@ -20,7 +20,10 @@ tiles 0-3, the last two for row scales only: 192 weight rows at 128 tokens, 256 
 ``--kernel mma`` and ``--kernel mma_a8`` time the small-M kernels (``ternary_mma.cu``,
 ``ternary_mma_a8.cu``, M <= 16; default ``--ms`` 1 4 8 12 16) with 1, 2, 4 and 8 sets of 16 weight
 rows per CTA (``tile:<i>`` is 2^i sets; ``small_m_split`` in ``ternary_common.cuh`` picks for
-``tile:auto``); ``mma_a8`` includes the per-token quantization of x.
+``tile:auto``); ``mma_a8`` includes the per-token quantization of x. With ``--depths 2 4`` they
+are also timed with four scale blocks of weight loads in flight a warp instead of two
+(``tile:<i>:d4``, ``tile:auto:d4``; the kernels take depth 4 at M <= 8 only, where the one-tile
+kernel runs; the result is the same bits at either depth).
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ KERNELS = {
 
 
 def _caller(op, layout: str):
-    """``f(x, packed, scale, tile)`` for one kernel; the W2A8 one times the per-token quantization of x
+    """``f(x, packed, scale, tile, depth)`` for one kernel (``depth`` -1 or, for the small-M kernels, the
+    scale blocks of weight loads in flight a warp); the W2A8 one times the per-token quantization of x
     with it, as the op pays it."""
     small = op in (torch.ops.ternop.linear_cuda_mma, torch.ops.ternop.linear_cuda_mma_a8)
 
@@ -62,18 +66,20 @@ def _caller(op, layout: str):
 
     if layout != "a8":
         if small:
-            return lambda x, p, s, tile: op(x, p, s, None, True, arg(tile))
-        return lambda x, p, s, tile: op(x, p, s, None, tile)
+            return lambda x, p, s, tile, depth: op(x, p, s, None, True, arg(tile), depth)
+        return lambda x, p, s, tile, depth: op(x, p, s, None, tile)
     from ternop.cuda.launch_fused import quantize_rows
 
-    def call(x, p, s, tile):
+    def call(x, p, s, tile, depth):
         q, qs = quantize_rows(x)
-        return op(q, qs, p, s, None, x.dtype, arg(tile))
+        if small:
+            return op(q, qs, p, s, None, x.dtype, arg(tile), depth)
+        return op(q, qs, p, s, None, x.dtype, tile)
 
     return call
 
 
-def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None) -> dict:
+def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,)) -> dict:
     ternop.linear(torch.zeros(1, 128, device="cuda", dtype=DTYPE), *make_weights(128, 128, 1)[0])
     op_name, tiles, layout, row_scales = KERNELS[kernel]
     call = _caller(getattr(torch.ops.ternop, op_name), layout)
@@ -92,11 +98,15 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None) -> dict:
                 ref = F.linear(x, dense[0]).float()
                 row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
                 errs = {}
-                for tile in (*range(tiles), -1):
-                    name = f"tile:{tile if tile >= 0 else 'auto'}"
-                    y = call(x, *packed[0], tile).float()
+                runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
+                if kernel in ("mma", "mma_a8") and m <= 8:
+                    runs += [(tile, d, f":d{d}") for d in depths if d != 2 for tile in (*range(tiles), -1)]
+                for tile, depth, tag in runs:
+                    name = f"tile:{tile if tile >= 0 else 'auto'}{tag}"
+                    y = call(x, *packed[0], tile, depth).float()
                     errs[name] = float((y - ref).norm() / ref.norm())
-                    row[name] = time_graph(lambda i, t=tile: call(x, *packed[i % len(packed)], t), len(packed))
+                    row[name] = time_graph(lambda i, t=tile, d=depth: call(x, *packed[i % len(packed)], t, d),
+                                           len(packed))
                 base_us = row["cublas_bf16"]
                 for name, us in row.items():
                     results.append({
@@ -121,6 +131,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=_shape_list, default=None,
                         help="only these K->N shapes, e.g. 4096x14336,1024x4096")
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
+    parser.add_argument("--depths", type=int, nargs="+", default=[2],
+                        help="mma, mma_a8: weight-load depths to time at M <= 8 (2 is the default kernel; 4 the deep one)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("sweep_tiles needs a CUDA device", file=sys.stderr)
@@ -129,7 +141,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         ms = args.ms or (SMALL_MS if args.kernel.startswith("mma") and args.kernel != "mma_tiles" else MS)
-        report = run(ms, args.out, args.kernel, args.shapes)
+        report = run(ms, args.out, args.kernel, args.shapes, args.depths)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

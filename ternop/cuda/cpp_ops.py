@@ -2,11 +2,11 @@
 
     ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
     ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-                            bool a16=False, int row_groups=-1) -> Tensor
+                            bool a16=False, int row_groups=-1, int depth=-1) -> Tensor
     ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
-                               Tensor? bias, ScalarType dtype, int row_groups=-1) -> Tensor
+                               Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor
     ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
-                                     Tensor? bias=None, int row_groups=-1) -> Tensor
+                                     Tensor? bias=None, int row_groups=-1, int depth=-1) -> Tensor
     ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
                                 int layout) -> Tensor
     ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale,
@@ -25,7 +25,10 @@ kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks
 ``csrc/ternary_wgmma.cu``); that of ``linear_cuda_wgmma_a8`` is -1, 0 (64 tokens a CTA) or 1 (128), or with row scales
 (``weight_scale`` [N, 1]) also 2 (128 tokens on 192 weight rows) or 3 (64 on 256). ``row_groups`` of
 the three small-M ops is -1 (the kernel picks from N, K and the multiprocessor count) or the
-number of sets of 16 weight rows one CTA owns, 1, 2, 4 or 8 (for benchmarks).
+number of sets of 16 weight rows one CTA owns, 1, 2, 4 or 8 (for benchmarks). Their ``depth`` is
+-1 (the kernel's choice: 2) or the number of 128-wide scale blocks of weight loads each warp
+keeps in flight, 2 or 4; 4 only at M <= 8, and in ``linear_cuda_mma`` only with ``a16`` weights
+(for benchmarks; the result is the same bits at either depth).
 """
 
 from __future__ import annotations
@@ -36,16 +39,16 @@ _lib = torch.library.Library("ternop", "FRAGMENT")
 _lib.define("linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor")
 _lib.define(
     "linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, bool a16=False, "
-    "int row_groups=-1) -> Tensor"
+    "int row_groups=-1, int depth=-1) -> Tensor"
 )
 _lib.define(
     "linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
-    "ScalarType dtype, int row_groups=-1) -> Tensor"
+    "ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor"
 )
 
 _lib.define(
     "linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, "
-    "int row_groups=-1) -> Tensor"
+    "int row_groups=-1, int depth=-1) -> Tensor"
 )
 
 _lib.define(
@@ -87,17 +90,17 @@ def _linear_cuda_fake(x, weight_packed, weight_scale, bias=None):
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma", lib=_lib)
-def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False, row_groups=-1):
+def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False, row_groups=-1, depth=-1):
     return _out(x, weight_packed, x.dtype)
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma_a8", lib=_lib)
-def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, row_groups=-1):
+def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, row_groups=-1, depth=-1):
     return _out(q, weight_packed, dtype)
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma_a8_fused", lib=_lib)
-def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None, row_groups=-1):
+def _linear_cuda_mma_a8_fused_fake(x, weight_packed, weight_scale, bias=None, row_groups=-1, depth=-1):
     return _out(x, weight_packed, x.dtype)
 
 

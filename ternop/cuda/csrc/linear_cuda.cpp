@@ -3,11 +3,11 @@
 //
 //   ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
 //   ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-//                           bool a16=False, int row_groups=-1) -> Tensor
+//                           bool a16=False, int row_groups=-1, int depth=-1) -> Tensor
 //   ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
-//                              Tensor? bias, ScalarType dtype, int row_groups=-1) -> Tensor
+//                              Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor
 //   ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
-//                                    Tensor? bias=None, int row_groups=-1) -> Tensor
+//                                    Tensor? bias=None, int row_groups=-1, int depth=-1) -> Tensor
 //   ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
 //                               int layout) -> Tensor
 //   ternop::linear_cuda_mma_tiles(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
@@ -25,8 +25,9 @@
 // or [N, 1] (a scale per row, ternop/activations.py), and return [M, N] in ``dtype``; the fused
 // form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
 // and quantizes it inside the kernel, with the same result; the three small-M ops' row_groups
-// (sets of 16 weight rows per CTA, small_m_split in ternary_common.cuh) is -1 for the kernel's
-// choice. linear_cuda_dequant (large M, any M
+// (sets of 16 weight rows per CTA, small_m_split in ternary_common.cuh) and depth (scale blocks
+// of weight loads each warp keeps in flight: 2, or 4 for M <= 8, and in linear_cuda_mma only for
+// the a16 layout) are -1 for the kernel's choice. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
@@ -50,17 +51,19 @@ int ternary_gemv_max_m();
 cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                 void* out, int M, int N, int K, cudaStream_t stream);
 int ternary_mma_max_m();
+bool ternary_mma_takes_depth(int M, bool a16, int depth);
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, bool a16, int row_groups, int sms,
+                               void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
                                cudaStream_t stream);
 int ternary_mma_a8_max_m();
+bool ternary_mma_a8_takes_depth(int M, int depth);
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
-                                  int row_groups, int sms, cudaStream_t stream);
+                                  int row_groups, int depth, int sms, cudaStream_t stream);
 bool ternary_mma_a8_fused_takes(int M, int K);
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
-                                        const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
-                                        cudaStream_t stream);
+                                        const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
+                                        int sms, cudaStream_t stream);
 int ternary_mma_tiles_splits(int M, int N, int K, int sms, int tile);
 cudaError_t launch_ternary_mma_tiles(const void* x, int64_t ldx, int dtype, const uint8_t* wp, const __half* ws,
                                      const void* bias, void* out, float* workspace, int M, int N, int K, int splits,
@@ -153,6 +156,13 @@ void check_row_groups(const char* op, int64_t row_groups) {
               ": row_groups must be -1 (the kernel's choice), 1, 2, 4 or 8; got ", row_groups);
 }
 
+// The small-M kernels' depth argument: -1 (the kernel's choice), or a depth that `takes` (the
+// kernel's own rule, from M) accepts; `rule` says that rule in the error.
+void check_depth(const char* op, int64_t depth, bool takes, const char* rule) {
+  TORCH_CHECK(depth == -1 || (depth > 0 && takes), op, ": depth must be -1 (the kernel's choice) or ", rule,
+              "; got ", depth);
+}
+
 // The shared body of the fp16/bf16/fp32-x ops: checks, output allocation, launch(dtype code,
 // bias pointer, out, M, N, K) on the current stream, error check. `row_scales`: the kernel also
 // takes weight_scale [N, 1].
@@ -184,15 +194,18 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, con
 }
 
 at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                           const std::optional<at::Tensor>& bias, bool a16, int64_t row_groups) {
+                           const std::optional<at::Tensor>& bias, bool a16, int64_t row_groups, int64_t depth) {
   const char* op = "ternop.linear_cuda_mma";
   check_row_groups(op, row_groups);
+  const int rows = x.dim() == 2 && x.size(0) <= INT32_MAX ? static_cast<int>(x.size(0)) : 0;  // 0: x is checked next
+  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_takes_depth(rows, a16, static_cast<int>(depth)),
+              "2, or 4 with a16 weights and M <= 8");
   return run_on_x(op, x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(), false,
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
                                                       reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
-                                                      out, M, N, K, a16, static_cast<int>(row_groups), sms_of(x),
-                                                      stream_of(x));
+                                                      out, M, N, K, a16, static_cast<int>(row_groups),
+                                                      static_cast<int>(depth), sms_of(x), stream_of(x));
                   });
 }
 
@@ -225,16 +238,20 @@ at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, c
 
 at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
                               const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                              at::ScalarType dtype, int64_t row_groups) {
+                              at::ScalarType dtype, int64_t row_groups, int64_t depth) {
   const char* op = "ternop.linear_cuda_mma_a8";
   check_row_groups(op, row_groups);
+  const int rows = q.dim() == 2 && q.size(0) <= INT32_MAX ? static_cast<int>(q.size(0)) : 0;  // 0: q is checked next
+  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(rows, static_cast<int>(depth)),
+              "2, or 4 with M <= 8");
   return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype,
                   ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
                                                          weight_packed.data_ptr<uint8_t>(),
                                                          reinterpret_cast<const __half*>(weight_scale.data_ptr()),
                                                          row_scaled(weight_scale, K), b, out, M, N, K,
-                                                         static_cast<int>(row_groups), sms_of(q), stream_of(q));
+                                                         static_cast<int>(row_groups), static_cast<int>(depth),
+                                                         sms_of(q), stream_of(q));
                   });
 }
 
@@ -259,9 +276,10 @@ at::Tensor linear_cuda_wgmma_a8(const at::Tensor& q, const at::Tensor& qs, const
 
 at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weight_packed,
                                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                                    int64_t row_groups) {
+                                    int64_t row_groups, int64_t depth) {
   const char* op = "ternop.linear_cuda_mma_a8_fused";
   check_row_groups(op, row_groups);
+  check_depth(op, depth, depth == 2 || depth == 4, "2 or 4");
   const bool takes = x.dim() == 2 && x.size(1) <= INT32_MAX &&
                      ternop::ternary_mma_a8_fused_takes(static_cast<int>(x.size(0)), static_cast<int>(x.size(1)));
   TORCH_CHECK(takes, op, ": x ", x.sizes(), " is past the fused quantization's M <= 2 and M * K <= 40960");
@@ -270,8 +288,8 @@ at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weigh
                     return ternop::launch_ternary_mma_a8_fused(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
                                                                reinterpret_cast<const __half*>(weight_scale.data_ptr()),
                                                                row_scaled(weight_scale, K), b, out, M, N, K,
-                                                               static_cast<int>(row_groups), sms_of(x),
-                                                               stream_of(x));
+                                                               static_cast<int>(row_groups), static_cast<int>(depth),
+                                                               sms_of(x), stream_of(x));
                   },
                   /*row_scales=*/true);
 }

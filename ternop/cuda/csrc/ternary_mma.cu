@@ -34,9 +34,9 @@
 // (2^7 + 2) leaves v. That is a shift, a LOP3 and an HSUB2 per two codes.
 //
 // Work split (small_m_split, ternary_common.cuh). A CTA of R x W warps owns R sets of 16
-// rows; warp (r, w) takes set r and a contiguous range of its scale blocks, and keeps
-// kDepth blocks of weight loads in flight. The R warps with the same w read the same x at
-// about the same time, so x comes from L2 once per CTA and from L1 for the others. Warps
+// rows; warp (r, w) takes set r and a contiguous range of its scale blocks, and keeps D
+// blocks of weight loads in flight (kDepth unless asked). The R warps with the same w read the
+// same x at about the same time, so x comes from L2 once per CTA and from L1 for the others. Warps
 // w = 1..W-1 of a set leave their C fragments in shared memory; warp 0 of the set adds them
 // in a fixed order (deterministic), adds the bias and writes out once. No atomics, no
 // workspace.
@@ -50,9 +50,13 @@ namespace ternop {
 namespace {
 
 constexpr int kMaxWarps = 8;
-// Scale blocks of weight loads in flight per warp. Deeper prefetch made ptxas keep the x of
-// later blocks live too (106-128 registers at depth 4).
+// Scale blocks of weight loads in flight per warp, by default. Deeper prefetch made ptxas keep the
+// x of later blocks live too (106-128 registers at depth 4) in the two-tile and v1 kernels; the
+// one-tile a16 kernel also takes kDeepDepth, in the 80 registers of its three CTAs an SM, for
+// layers whose CTAs do not fill the SMs' warp slots (launch_ternary_mma's `depth`). The depth
+// changes when the loads are issued, not what is summed or in which order.
 constexpr int kDepth = 2;
+constexpr int kDeepDepth = 4;
 // CTAs per SM that ptxas must fit: 64 registers for one n8 tile, 128 for two (ptxas uses 64
 // and 106; tests/cuda/test_nvcc_compile.py checks that nothing spills). The a16 one-tile
 // kernel keeps more pairs live and spilled at 64, so it gets 80 (three CTAs).
@@ -186,7 +190,7 @@ __device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint
   mma_step<T, NT, H, 3, kA16>(d_g, d_g8, xv, magic, c);
 }
 
-template <typename T, int NT, bool kA16>
+template <typename T, int NT, bool kA16, int D>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int warps_log2) {
@@ -225,12 +229,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
 
-  // kDepth blocks of weights and scales in flight; the pointers advance by kDepth blocks
+  // D blocks of weights and scales in flight; the pointers advance by D blocks
   // per outer step, so every offset below is an immediate.
-  uint2 wbuf[kDepth][2];
-  __half sbuf[kDepth][2];
+  uint2 wbuf[D][2];
+  __half sbuf[D][2];
 #pragma unroll
-  for (int u = 0; u < kDepth; ++u) {
+  for (int u = 0; u < D; ++u) {
     if (u < count) {
       wbuf[u][0] = load_stream8(pw0 + 32 * u);
       wbuf[u][1] = load_stream8(pw1 + 32 * u);
@@ -239,17 +243,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     }
   }
 
-  for (int left = count; left > 0; left -= kDepth) {
+  for (int left = count; left > 0; left -= D) {
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) {
+    for (int u = 0; u < D; ++u) {
       if (u >= left) break;  // warp-uniform
       const uint2 wa = wbuf[u][0], wb = wbuf[u][1];
       const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
-      if (u + kDepth < left) {
-        wbuf[u][0] = load_stream8(pw0 + 32 * (u + kDepth));
-        wbuf[u][1] = load_stream8(pw1 + 32 * (u + kDepth));
-        sbuf[u][0] = ps0[u + kDepth];
-        sbuf[u][1] = ps1[u + kDepth];
+      if (u + D < left) {
+        wbuf[u][0] = load_stream8(pw0 + 32 * (u + D));
+        wbuf[u][1] = load_stream8(pw1 + 32 * (u + D));
+        sbuf[u][0] = ps0[u + D];
+        sbuf[u][1] = ps1[u + D];
       }
 
       uint32_t xv[NT][16];
@@ -272,12 +276,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
         acc[t][3] = fmaf(c[t][3], sb, acc[t][3]);
       }
     }
-    pw0 += 32 * kDepth;
-    pw1 += 32 * kDepth;
-    ps0 += kDepth;
-    ps1 += kDepth;
+    pw0 += 32 * D;
+    pw1 += 32 * D;
+    ps0 += D;
+    ps1 += D;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) px[t] += 128 * kDepth;
+    for (int t = 0; t < NT; ++t) px[t] += 128 * D;
   }
 
   // The set is recomputed here rather than kept live through the loop.
@@ -299,16 +303,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
 
 template <typename T, bool kA16>
 cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
-                     int K, SmallMSplit split, cudaStream_t stream) {
+                     int K, SmallMSplit split, bool deep, cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
   const dim3 block(32 * split.groups * split.warps_k);
-  if (M <= 8) {
-    ternary_mma_kernel<T, 1, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, split.warps_log2);
+  const int wl = split.warps_log2;
+  if (deep) {
+    if constexpr (!kA16) {
+      return cudaErrorInvalidValue;  // no v1 kernel at kDeepDepth; ternary_mma_takes_depth refuses it first
+    } else {
+      ternary_mma_kernel<T, 1, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+    }
+  } else if (M <= 8) {
+    ternary_mma_kernel<T, 1, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
   } else {
-    ternary_mma_kernel<T, 2, kA16><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, split.warps_log2);
+    ternary_mma_kernel<T, 2, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
   }
   return cudaGetLastError();
 }
@@ -318,19 +329,28 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
 // Largest M the kernel takes (two n8 tiles).
 int ternary_mma_max_m() { return 16; }
 
+// Whether launch_ternary_mma takes `depth` for M rows in the given layout.
+bool ternary_mma_takes_depth(int M, bool a16, int depth) {
+  return depth <= 0 || depth == kDepth || (depth == kDeepDepth && a16 && M <= 8);
+}
+
 // x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4] in format v1
 // (a16 = false) or the a16 layout (a16 = true); ws: fp16 [N, K/128]; bias: [N] in x's dtype or
 // nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 16,
 // N < 2^31 / 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the
-// kernel's choice from the layer and `sms`, the device's multiprocessor count.
+// kernel's choice from the layer and `sms`, the device's multiprocessor count. depth: scale
+// blocks of weight loads in flight per warp, kDepth (or <= 0, the kernel's choice: kDepth) or
+// kDeepDepth, which takes only a16 weights and M <= 8 (ternary_mma_takes_depth).
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, bool a16, int row_groups, int sms,
+                               void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
                                cudaStream_t stream) {
-  if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps) return cudaErrorInvalidValue;
+  if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps || !ternary_mma_takes_depth(M, a16, depth))
+    return cudaErrorInvalidValue;
   const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarps);
+  const bool deep = depth == kDeepDepth;
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
-    return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, split, stream)
-               : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, split, stream);
+    return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, split, deep, stream)
+               : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, split, deep, stream);
   });
 }
 

@@ -11,9 +11,9 @@
 // is why the fused form stops at small M. Like ternary_mma.cu, this file
 // holds only CUDA code, and its structure is that kernel's: a CTA of R x W warps owns R sets
 // of 16 rows (small_m_split, ternary_common.cuh), warp (r, w) takes a contiguous range of
-// set r's scale blocks with two blocks of weight loads in flight, and warp 0 of a set adds the
-// other warps' fragments in a fixed order (deterministic, no atomics). The R sets share each
-// read of x (and, fused, one quantization of it per CTA).
+// set r's scale blocks with D blocks of weight loads in flight (two unless asked), and warp 0
+// of a set adds the other warps' fragments in a fixed order (deterministic, no atomics). The R
+// sets share each read of x (and, fused, one quantization of it per CTA).
 //
 // Orientation. One mma.sync m16n8k32 s8 multiplies A = 16 weight rows x 32 k by
 // B = 32 k x 8 tokens into int32 C [16 rows x 8 tokens]; M <= 8 uses one n8 tile, M <= 16
@@ -37,10 +37,17 @@
 
 namespace ternop {
 
+bool ternary_mma_a8_takes_depth(int M, int depth);
+
 namespace {
 
 constexpr int kMaxWarpsA8 = 8;
+// Scale blocks of weight loads in flight per warp, by default; the one-tile kernels also take
+// kDeepDepthA8 (launch_ternary_mma_a8's `depth`), declared for three CTAs an SM instead of four,
+// where their deeper buffers fit without spilling. The depth changes when the loads are issued,
+// not what is summed or in which order.
 constexpr int kDepthA8 = 2;
+constexpr int kDeepDepthA8 = 4;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
 constexpr int kFusedMaxM = 2;             // rows the fused quantization takes
 constexpr int kFusedMaxBytes = 40 * 1024;  // its shared int8 copy of x, M * K bytes (with the static
@@ -158,10 +165,11 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
 }
 
 // CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two (ptxas uses 60
-// and 90; at 3 CTAs the two-tile kernel spilled).
+// and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at kDeepDepthA8.
 // kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
-template <typename T, int NT, bool kFused>
-__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma_a8_kernel(
+// D: scale blocks of weight loads in flight per warp.
+template <typename T, int NT, bool kFused, int D>
+__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 : 4) : 2) ternary_mma_a8_kernel(
     const int8_t* __restrict__ q, const float* __restrict__ qs, const T* __restrict__ x,
     const uint8_t* __restrict__ wp, const __half* __restrict__ ws, bool row, const T* __restrict__ bias,
     T* __restrict__ out, int M, int N, int K, int warps_log2) {
@@ -198,10 +206,10 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
 
-  uint2 wbuf[kDepthA8][2];
-  __half sbuf[kDepthA8][2];
+  uint2 wbuf[D][2];
+  __half sbuf[D][2];
 #pragma unroll
-  for (int u = 0; u < kDepthA8; ++u) {
+  for (int u = 0; u < D; ++u) {
     if (u < count) {
       wbuf[u][0] = load_stream8_a8(pw0 + 32 * u);
       wbuf[u][1] = load_stream8_a8(pw1 + 32 * u);
@@ -220,17 +228,17 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
     px[t] = qbase + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * qd;
   }
 
-  for (int left = count; left > 0; left -= kDepthA8) {
+  for (int left = count; left > 0; left -= D) {
 #pragma unroll
-    for (int u = 0; u < kDepthA8; ++u) {
+    for (int u = 0; u < D; ++u) {
       if (u >= left) break;  // warp-uniform
       const uint2 wa = wbuf[u][0], wb = wbuf[u][1];
       const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
-      if (u + kDepthA8 < left) {
-        wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + kDepthA8));
-        wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + kDepthA8));
-        sbuf[u][0] = row ? one : ps0[u + kDepthA8];
-        sbuf[u][1] = row ? one : ps1[u + kDepthA8];
+      if (u + D < left) {
+        wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + D));
+        wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + D));
+        sbuf[u][0] = row ? one : ps0[u + D];
+        sbuf[u][1] = row ? one : ps1[u + D];
       }
 
       uint32_t xw[NT][8];
@@ -266,12 +274,12 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
         acc[t][3] = fmaf(static_cast<float>(c[t][3]), sb, acc[t][3]);
       }
     }
-    pw0 += 32 * kDepthA8;
-    pw1 += 32 * kDepthA8;
-    ps0 += kDepthA8;
-    ps1 += kDepthA8;
+    pw0 += 32 * D;
+    pw1 += 32 * D;
+    ps0 += D;
+    ps1 += D;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) px[t] += 128 * kDepthA8;
+    for (int t = 0; t < NT; ++t) px[t] += 128 * D;
   }
 
   // The set is recomputed here rather than kept live through the loop.
@@ -301,22 +309,32 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? 4 : 2) ternary_mma
 
 template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
-                        bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
-                        cudaStream_t stream) {
-  if (row_groups > kMaxWarpsA8) return cudaErrorInvalidValue;
+                        bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
+                        int sms, cudaStream_t stream) {
+  if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(M, depth)) return cudaErrorInvalidValue;
+  const bool deep = depth == kDeepDepthA8;
   const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarpsA8);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
   const dim3 block(32 * split.groups * split.warps_k);
   const int wk = split.warps_log2;
-  if (x != nullptr) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
-    ternary_mma_a8_kernel<T, 1, true><<<grid, block, static_cast<size_t>(M) * K, stream>>>(
+  const size_t xq_bytes = static_cast<size_t>(M) * K;
+  if (x != nullptr && deep) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
+    ternary_mma_a8_kernel<T, 1, true, kDeepDepthA8><<<grid, block, xq_bytes, stream>>>(
         nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
+  } else if (x != nullptr) {
+    ternary_mma_a8_kernel<T, 1, true, kDepthA8><<<grid, block, xq_bytes, stream>>>(
+        nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
+  } else if (deep) {
+    ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8><<<grid, block, 0, stream>>>(
+        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
   } else if (M <= 8) {
-    ternary_mma_a8_kernel<T, 1, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
+    ternary_mma_a8_kernel<T, 1, false, kDepthA8><<<grid, block, 0, stream>>>(
+        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
   } else {
-    ternary_mma_a8_kernel<T, 2, false><<<grid, block, 0, stream>>>(q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
+    ternary_mma_a8_kernel<T, 2, false, kDepthA8><<<grid, block, 0, stream>>>(
+        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
   }
   return cudaGetLastError();
 }
@@ -326,19 +344,26 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 // Largest M the kernel takes (two n8 tiles).
 int ternary_mma_a8_max_m() { return 16; }
 
+// Whether the kernels take `depth` (scale blocks of weight loads in flight per warp) for M rows:
+// kDepthA8 (or <= 0, the kernel's choice: kDepthA8) at any M, kDeepDepthA8 at M <= 8.
+bool ternary_mma_a8_takes_depth(int M, int depth) {
+  return depth <= 0 || depth == kDepthA8 || (depth == kDeepDepthA8 && M <= 8);
+}
+
 // q: int8 [M, K] row-major, 16-byte aligned; qs: fp32 [M]; wp: uint8 [N, K/4] in the a8
 // layout, 16-byte aligned; ws: fp16 [N, K/128], or [N, 1] when `row` (a scale per row,
 // ternop/activations.py); bias: [N] in the output dtype or nullptr;
 // out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
 // 1 <= M <= 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
-// choice from the layer and `sms`, the device's multiprocessor count.
+// choice from the layer and `sms`, the device's multiprocessor count; depth as
+// ternary_mma_a8_takes_depth says.
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
-                                  int row_groups, int sms, cudaStream_t stream) {
+                                  int row_groups, int depth, int sms, cudaStream_t stream) {
   if (!valid_shape(M, ternary_mma_a8_max_m(), N, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, row_groups, sms, stream);
+    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, row_groups, depth, sms, stream);
   });
 }
 
@@ -350,13 +375,13 @@ bool ternary_mma_a8_fused_takes(int M, int K) {
 // The same product from x itself: x [M, K] of dtype x_dtype, contiguous and 16-byte aligned,
 // quantized per token inside the kernel exactly as ternop/activations.py says; out in x's dtype.
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
-                                        const void* bias, void* out, int M, int N, int K, int row_groups, int sms,
-                                        cudaStream_t stream) {
+                                        const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
+                                        int sms, cudaStream_t stream) {
   if (!valid_shape(M, kFusedMaxM, N, K) || !ternary_mma_a8_fused_takes(M, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(x_dtype, [&](auto tag) {
     using T = decltype(tag);
     return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, row, bias, out, M, N, K, row_groups,
-                          sms, stream);
+                          depth, sms, stream);
   });
 }
 
