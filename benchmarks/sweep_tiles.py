@@ -22,8 +22,7 @@ tiles 0-3, the last two for row scales only: 192 weight rows at 128 tokens, 256 
 rows per CTA (``tile:<i>`` is 2^i sets; ``small_m_split`` in ``ternary_common.cuh`` picks for
 ``tile:auto``); ``mma_a8`` includes the per-token quantization of x. With ``--depths 2 4`` they
 are also timed with four scale blocks of weight loads in flight a warp instead of two
-(``tile:<i>:d4``, ``tile:auto:d4``; the kernels take depth 4 at M <= 8 only, where the one-tile
-kernel runs; the result is the same bits at either depth).
+(``tile:<i>:d4``, ``tile:auto:d4``; the result is the same bits at either depth).
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                 row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
                 errs = {}
                 runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
-                if kernel in ("mma", "mma_a8") and m <= 8:
+                if kernel in ("mma", "mma_a8"):
                     runs += [(tile, d, f":d{d}") for d in depths if d != 2 for tile in (*range(tiles), -1)]
                 for tile, depth, tag in runs:
                     name = f"tile:{tile if tile >= 0 else 'auto'}{tag}"
@@ -132,7 +131,7 @@ def main(argv=None) -> int:
                         help="only these K->N shapes, e.g. 4096x14336,1024x4096")
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
     parser.add_argument("--depths", type=int, nargs="+", default=[2],
-                        help="mma, mma_a8: weight-load depths to time at M <= 8 (2 is the default kernel; 4 the deep one)")
+                        help="mma, mma_a8: weight-load depths to time (2 is the default kernel; 4 the deep one)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("sweep_tiles needs a CUDA device", file=sys.stderr)

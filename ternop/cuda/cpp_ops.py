@@ -27,8 +27,8 @@ kernel picks its tile by M, N and K) or one of its tiles, 0 or 1 (for benchmarks
 the three small-M ops is -1 (the kernel picks from N, K and the multiprocessor count) or the
 number of sets of 16 weight rows one CTA owns, 1, 2, 4 or 8 (for benchmarks). Their ``depth`` is
 -1 (the kernel's choice: 2) or the number of 128-wide scale blocks of weight loads each warp
-keeps in flight, 2 or 4; 4 only at M <= 8, and in ``linear_cuda_mma`` only with ``a16`` weights
-(for benchmarks; the result is the same bits at either depth).
+keeps in flight, 2 or 4; 4 in ``linear_cuda_mma`` only with ``a16`` weights (for benchmarks; the
+result is the same bits at either depth).
 """
 
 from __future__ import annotations

@@ -337,12 +337,12 @@ def test_linear_cuda_small_m_kernels_every_row_set_count(row_groups):
 @pytest.mark.parametrize("row_groups", [-1, 1, 8])
 def test_small_m_kernels_deeper_prefetch_gives_the_same_bits(row_groups):
     """depth=4 (four scale blocks of weight loads in flight a warp instead of two) moves when the
-    loads are issued, not what is summed or in which order: the one-tile kernels give depth 2's
+    loads are issued, not what is summed or in which order: one and two token tiles give depth 2's
     bits, with block counts a warp gets that are and are not multiples of 4 (K from 3 to 112
     blocks). W2A8 with one power-of-two scale stays equal to the CPU reference, fused or not."""
     from ternop.activations import quantize_rows
 
-    for m, k, n in [(1, 4096, 1160), (2, 2176, 520), (5, 384, 200), (8, 14336, 264)]:
+    for m, k, n in [(1, 4096, 1160), (2, 2176, 520), (5, 384, 200), (8, 14336, 264), (12, 2176, 264), (16, 4096, 520)]:
         v1, scale = _weights(n, k)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -364,21 +364,20 @@ def test_small_m_kernels_deeper_prefetch_gives_the_same_bits(row_groups):
 
 def test_small_m_kernels_refuse_a_depth_they_do_not_take():
     v1, scale = _weights(256, 1024)
-    x = torch.randn(9, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_mma", x, v1, scale)
     a16 = layouts.repack(v1, "a16")
     mma = torch.ops.ternop.linear_cuda_mma
     with pytest.raises(RuntimeError, match="depth must be -1"):
-        mma(x, a16, scale, None, True, -1, 4)  # two token tiles (M = 9)
-    with pytest.raises(RuntimeError, match="depth must be -1"):
-        mma(x[:4], v1, scale, None, False, -1, 4)  # format v1
-    with pytest.raises(RuntimeError, match="depth must be -1"):
-        mma(x[:4], a16, scale, None, True, -1, 3)
+        mma(x, v1, scale, None, False, -1, 4)  # format v1 has no deep form
+    for depth in (0, 3, 8):
+        with pytest.raises(RuntimeError, match="depth must be -1"):
+            mma(x, a16, scale, None, True, -1, depth)
     from ternop.activations import quantize_rows
 
     q, qs = quantize_rows(x)
     with pytest.raises(RuntimeError, match="depth must be -1"):
-        torch.ops.ternop.linear_cuda_mma_a8(q, qs, layouts.repack(v1, "a8"), scale, None, x.dtype, -1, 4)
+        torch.ops.ternop.linear_cuda_mma_a8(q, qs, layouts.repack(v1, "a8"), scale, None, x.dtype, -1, 3)
 
 
 def test_linear_cuda_mma_tiles_takes_m_17_to_64():

@@ -26,8 +26,8 @@
 // form takes x itself (fp16/bf16/fp32, M <= 2 and M * K <= 40 KiB)
 // and quantizes it inside the kernel, with the same result; the three small-M ops' row_groups
 // (sets of 16 weight rows per CTA, small_m_split in ternary_common.cuh) and depth (scale blocks
-// of weight loads each warp keeps in flight: 2, or 4 for M <= 8, and in linear_cuda_mma only for
-// the a16 layout) are -1 for the kernel's choice. linear_cuda_dequant (large M, any M
+// of weight loads each warp keeps in flight: 2 or 4, 4 in linear_cuda_mma only for the a16
+// layout) are -1 for the kernel's choice. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
@@ -51,12 +51,12 @@ int ternary_gemv_max_m();
 cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                 void* out, int M, int N, int K, cudaStream_t stream);
 int ternary_mma_max_m();
-bool ternary_mma_takes_depth(int M, bool a16, int depth);
+bool ternary_mma_takes_depth(bool a16, int depth);
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
                                cudaStream_t stream);
 int ternary_mma_a8_max_m();
-bool ternary_mma_a8_takes_depth(int M, int depth);
+bool ternary_mma_a8_takes_depth(int depth);
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
                                   int row_groups, int depth, int sms, cudaStream_t stream);
@@ -157,7 +157,7 @@ void check_row_groups(const char* op, int64_t row_groups) {
 }
 
 // The small-M kernels' depth argument: -1 (the kernel's choice), or a depth that `takes` (the
-// kernel's own rule, from M) accepts; `rule` says that rule in the error.
+// kernel's own rule) accepts; `rule` says that rule in the error.
 void check_depth(const char* op, int64_t depth, bool takes, const char* rule) {
   TORCH_CHECK(depth == -1 || (depth > 0 && takes), op, ": depth must be -1 (the kernel's choice) or ", rule,
               "; got ", depth);
@@ -197,9 +197,8 @@ at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed,
                            const std::optional<at::Tensor>& bias, bool a16, int64_t row_groups, int64_t depth) {
   const char* op = "ternop.linear_cuda_mma";
   check_row_groups(op, row_groups);
-  const int rows = x.dim() == 2 && x.size(0) <= INT32_MAX ? static_cast<int>(x.size(0)) : 0;  // 0: x is checked next
-  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_takes_depth(rows, a16, static_cast<int>(depth)),
-              "2, or 4 with a16 weights and M <= 8");
+  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_takes_depth(a16, static_cast<int>(depth)),
+              "2, or 4 with a16 weights");
   return run_on_x(op, x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(), false,
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
@@ -241,9 +240,8 @@ at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const a
                               at::ScalarType dtype, int64_t row_groups, int64_t depth) {
   const char* op = "ternop.linear_cuda_mma_a8";
   check_row_groups(op, row_groups);
-  const int rows = q.dim() == 2 && q.size(0) <= INT32_MAX ? static_cast<int>(q.size(0)) : 0;  // 0: q is checked next
-  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(rows, static_cast<int>(depth)),
-              "2, or 4 with M <= 8");
+  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(static_cast<int>(depth)),
+              "2 or 4");
   return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype,
                   ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,

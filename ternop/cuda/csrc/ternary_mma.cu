@@ -50,11 +50,11 @@ namespace ternop {
 namespace {
 
 constexpr int kMaxWarps = 8;
-// Scale blocks of weight loads in flight per warp, by default. Deeper prefetch made ptxas keep the
-// x of later blocks live too (106-128 registers at depth 4) in the two-tile and v1 kernels; the
-// one-tile a16 kernel also takes kDeepDepth, in the 80 registers of its three CTAs an SM, for
-// layers whose CTAs do not fill the SMs' warp slots (launch_ternary_mma's `depth`). The depth
-// changes when the loads are issued, not what is summed or in which order.
+// Scale blocks of weight loads in flight per warp, by default. The a16 kernels also take
+// kDeepDepth (launch_ternary_mma's `depth`), for layers whose CTAs leave the SMs' warp slots
+// short of loads: ptxas fits it in the registers their CTAs an SM allow (80 of 85 for one tile,
+// 108 of 128 for two). The v1 one-tile kernel would spill at four CTAs an SM, so v1 has no deep
+// form. The depth changes when the loads are issued, not what is summed or in which order.
 constexpr int kDepth = 2;
 constexpr int kDeepDepth = 4;
 // CTAs per SM that ptxas must fit: 64 registers for one n8 tile, 128 for two (ptxas uses 64
@@ -313,8 +313,10 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
   if (deep) {
     if constexpr (!kA16) {
       return cudaErrorInvalidValue;  // no v1 kernel at kDeepDepth; ternary_mma_takes_depth refuses it first
-    } else {
+    } else if (M <= 8) {
       ternary_mma_kernel<T, 1, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+    } else {
+      ternary_mma_kernel<T, 2, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
     }
   } else if (M <= 8) {
     ternary_mma_kernel<T, 1, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
@@ -329,9 +331,9 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
 // Largest M the kernel takes (two n8 tiles).
 int ternary_mma_max_m() { return 16; }
 
-// Whether launch_ternary_mma takes `depth` for M rows in the given layout.
-bool ternary_mma_takes_depth(int M, bool a16, int depth) {
-  return depth <= 0 || depth == kDepth || (depth == kDeepDepth && a16 && M <= 8);
+// Whether launch_ternary_mma takes `depth` in the given layout.
+bool ternary_mma_takes_depth(bool a16, int depth) {
+  return depth <= 0 || depth == kDepth || (depth == kDeepDepth && a16);
 }
 
 // x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4] in format v1
@@ -340,11 +342,11 @@ bool ternary_mma_takes_depth(int M, bool a16, int depth) {
 // N < 2^31 / 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the
 // kernel's choice from the layer and `sms`, the device's multiprocessor count. depth: scale
 // blocks of weight loads in flight per warp, kDepth (or <= 0, the kernel's choice: kDepth) or
-// kDeepDepth, which takes only a16 weights and M <= 8 (ternary_mma_takes_depth).
+// kDeepDepth, which takes only a16 weights (ternary_mma_takes_depth).
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
                                cudaStream_t stream) {
-  if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps || !ternary_mma_takes_depth(M, a16, depth))
+  if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps || !ternary_mma_takes_depth(a16, depth))
     return cudaErrorInvalidValue;
   const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarps);
   const bool deep = depth == kDeepDepth;

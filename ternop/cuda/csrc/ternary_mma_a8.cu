@@ -37,15 +37,16 @@
 
 namespace ternop {
 
-bool ternary_mma_a8_takes_depth(int M, int depth);
+bool ternary_mma_a8_takes_depth(int depth);
 
 namespace {
 
 constexpr int kMaxWarpsA8 = 8;
-// Scale blocks of weight loads in flight per warp, by default; the one-tile kernels also take
-// kDeepDepthA8 (launch_ternary_mma_a8's `depth`), declared for three CTAs an SM instead of four,
-// where their deeper buffers fit without spilling. The depth changes when the loads are issued,
-// not what is summed or in which order.
+// Scale blocks of weight loads in flight per warp, by default; every kernel also takes
+// kDeepDepthA8 (launch_ternary_mma_a8's `depth`): the one-tile ones declared for three CTAs an SM
+// instead of four, where their deeper buffers fit without spilling, the two-tile one in the 128
+// registers of its two. The depth changes when the loads are issued, not what is summed or in
+// which order.
 constexpr int kDepthA8 = 2;
 constexpr int kDeepDepthA8 = 4;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
@@ -165,7 +166,8 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
 }
 
 // CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two (ptxas uses 60
-// and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at kDeepDepthA8.
+// and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at kDeepDepthA8
+// (two tiles stay at 2).
 // kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
 // D: scale blocks of weight loads in flight per warp.
 template <typename T, int NT, bool kFused, int D>
@@ -311,7 +313,7 @@ template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
                         bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
                         int sms, cudaStream_t stream) {
-  if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(M, depth)) return cudaErrorInvalidValue;
+  if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
   const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarpsA8);
   const T* bt = static_cast<const T*>(bias);
@@ -326,8 +328,11 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   } else if (x != nullptr) {
     ternary_mma_a8_kernel<T, 1, true, kDepthA8><<<grid, block, xq_bytes, stream>>>(
         nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
-  } else if (deep) {
+  } else if (deep && M <= 8) {
     ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8><<<grid, block, 0, stream>>>(
+        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
+  } else if (deep) {
+    ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8><<<grid, block, 0, stream>>>(
         q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
   } else if (M <= 8) {
     ternary_mma_a8_kernel<T, 1, false, kDepthA8><<<grid, block, 0, stream>>>(
@@ -344,10 +349,10 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 // Largest M the kernel takes (two n8 tiles).
 int ternary_mma_a8_max_m() { return 16; }
 
-// Whether the kernels take `depth` (scale blocks of weight loads in flight per warp) for M rows:
-// kDepthA8 (or <= 0, the kernel's choice: kDepthA8) at any M, kDeepDepthA8 at M <= 8.
-bool ternary_mma_a8_takes_depth(int M, int depth) {
-  return depth <= 0 || depth == kDepthA8 || (depth == kDeepDepthA8 && M <= 8);
+// Whether the kernels take `depth` (scale blocks of weight loads in flight per warp): kDepthA8
+// (or <= 0, the kernel's choice: kDepthA8) or kDeepDepthA8.
+bool ternary_mma_a8_takes_depth(int depth) {
+  return depth <= 0 || depth == kDepthA8 || depth == kDeepDepthA8;
 }
 
 // q: int8 [M, K] row-major, 16-byte aligned; qs: fp32 [M]; wp: uint8 [N, K/4] in the a8
