@@ -29,7 +29,9 @@ Workloads (random weights; speed does not depend on their values):
           (t(128 tokens) - t(1 token)) / 127, each t the median of --decode-runs runs (default 3).
           The bf16 model uses vLLM's dummy loader, the ternary ones a random format-v1 checkpoint
           written directly (16 GB of bf16 would only be thrown away); the A8 folder shares the A16
-          folder's weight files, with "activation_bits": 8 in its config.
+          folder's weight files, with "activation_bits": 8 in its config (with --a8-scales row, a
+          checkpoint of its own whose blocks share one scale a row: ternary_a8_row). --no-a16 and
+          --no-a8 leave a ternary model out, as for embed.
 - bitnet: a BitNet-b1.58-2B-4T-shaped BitNetForCausalLM (hidden 2560, 30 layers, 20/5 heads,
           head_dim 128, intermediate 6912, vocab 128256, squared-ReLU MLP, the two sub-norms per
           layer, tied embeddings), random ternary weights with int8 activations and one scale a
@@ -633,10 +635,16 @@ def run_decode(args, work: Path, report: dict, workload: str) -> None:
         shape = TINY_SHAPE if tiny else DECODE_SHAPE
         dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=dtype)
         models = [("bf16", dense, True)]
-        tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=dtype)
-        models.append(("ternary", tern, False))
-        if not args.no_a8:
-            models.append(("ternary_a8", with_activation_bits(tern, work / "decode-ternary-a8", 8), False))
+        if not (args.no_a16 and (args.no_a8 or args.a8_scales == "row")):
+            tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=dtype)
+            if not args.no_a16:
+                models.append(("ternary", tern, False))
+            if not args.no_a8 and args.a8_scales == "block":
+                models.append(("ternary_a8", with_activation_bits(tern, work / "decode-ternary-a8", 8), False))
+        if args.a8_scales == "row" and not args.no_a8:  # its own checkpoint: the scales differ from the A16 one's
+            models.append(("ternary_a8_row", write_model(work / "decode-ternary-a8-row", shape, ternary=True,
+                                                         dtype_name=dtype, activation_bits=8, row_scales=True),
+                           False))  # fmt: skip
     else:
         shape = {**TINY_SHAPE, "tie": True} if tiny else BITNET_SHAPE
         models = [
@@ -719,10 +727,10 @@ def main() -> None:
     parser.add_argument("--no-a8", action="store_true",
                         help="leave out the int8-activation ternary model (embed, decode)")
     parser.add_argument("--no-a16", action="store_true",
-                        help="leave out the 16-bit-activation ternary embedding model (embed)")
+                        help="leave out the 16-bit-activation ternary model (embed, decode)")
     parser.add_argument("--a8-scales", choices=["block", "row"], default="block",
-                        help="the embedding A8 model's scales: one per 128 weights (ternary_a8), or one per row, "
-                             "which the int8 kernels sum over all of K (ternary_a8_row)")
+                        help="the A8 model's scales (embed, decode): one per 128 weights (ternary_a8), or one per "
+                             "row, which the int8 kernels sum over all of K (ternary_a8_row)")
     parser.add_argument("--a8-unfused", action="store_true",
                         help="also run the int8 model with TERNOP_FUSE_QUANT=0 (x quantized inside the op, not by "
                              "the compiled graph), interleaved with the others")  # fmt: skip
