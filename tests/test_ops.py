@@ -419,6 +419,12 @@ def test_cuda_op_schemas_and_fake_kernels_exist_without_a_gpu():
     assert y.shape == (5, 64) and y.dtype == torch.float16
     y = torch.ops.ternop.linear_cuda_mma_a8_fused(torch.empty(2, 256, dtype=torch.float32, **meta), w, s)
     assert y.shape == (2, 64) and y.dtype == torch.float32
+    # The small-M ops' row_groups and depth, by name (the benchmarks pass them).
+    y = torch.ops.ternop.linear_cuda_mma(torch.empty(3, 256, dtype=torch.bfloat16, **meta), w, s, None, True,
+                                         row_groups=2, depth=4)  # fmt: skip
+    assert y.shape == (3, 64)
+    y = torch.ops.ternop.linear_cuda_mma_a8(q, torch.empty(5, **meta), w, s, None, torch.float16, row_groups=1, depth=4)
+    assert y.shape == (5, 64)
     y = torch.ops.ternop.linear_cuda_dequant(torch.empty(700, 256, dtype=torch.float16, **meta), w, s, None, 1)
     assert y.shape == (700, 64) and y.dtype == torch.float16
     with pytest.raises(RuntimeError, match="does not hold K=128"):
