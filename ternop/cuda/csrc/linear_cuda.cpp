@@ -277,7 +277,8 @@ at::Tensor linear_cuda_mma_a8_fused(const at::Tensor& x, const at::Tensor& weigh
                                     int64_t row_groups, int64_t depth) {
   const char* op = "ternop.linear_cuda_mma_a8_fused";
   check_row_groups(op, row_groups);
-  check_depth(op, depth, depth == 2 || depth == 4, "2 or 4");
+  check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(static_cast<int>(depth)),
+              "2 or 4");
   const bool takes = x.dim() == 2 && x.size(1) <= INT32_MAX &&
                      ternop::ternary_mma_a8_fused_takes(static_cast<int>(x.size(0)), static_cast<int>(x.size(1)));
   TORCH_CHECK(takes, op, ": x ", x.sizes(), " is past the fused quantization's M <= 2 and M * K <= 40960");
