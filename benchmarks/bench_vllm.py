@@ -635,13 +635,14 @@ def run_decode(args, work: Path, report: dict, workload: str) -> None:
         shape = TINY_SHAPE if tiny else DECODE_SHAPE
         dense = write_model(work / "decode-bf16", shape, ternary=False, weights=False, dtype_name=dtype)
         models = [("bf16", dense, True)]
-        if not (args.no_a16 and (args.no_a8 or args.a8_scales == "row")):
+        a16, a8 = not args.no_a16, not args.no_a8
+        if a16 or (a8 and args.a8_scales == "block"):
             tern = write_model(work / "decode-ternary", shape, ternary=True, dtype_name=dtype)
-            if not args.no_a16:
+            if a16:
                 models.append(("ternary", tern, False))
-            if not args.no_a8 and args.a8_scales == "block":
+            if a8 and args.a8_scales == "block":
                 models.append(("ternary_a8", with_activation_bits(tern, work / "decode-ternary-a8", 8), False))
-        if args.a8_scales == "row" and not args.no_a8:  # its own checkpoint: the scales differ from the A16 one's
+        if a8 and args.a8_scales == "row":  # its own checkpoint: the scales differ from the A16 one's
             models.append(("ternary_a8_row", write_model(work / "decode-ternary-a8-row", shape, ternary=True,
                                                          dtype_name=dtype, activation_bits=8, row_scales=True),
                            False))  # fmt: skip
