@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from ternop.vllm_plugin import linear_methods
@@ -115,3 +119,23 @@ def assert_close_embeddings(got: torch.Tensor, want: torch.Tensor, cosine_min: f
     cos = (got * want).sum(-1)
     assert got.shape == want.shape, (got.shape, want.shape)
     assert bool((cos >= cosine_min).all()), f"per-prompt cosine {cos.tolist()} below {cosine_min}"
+
+
+def run_tp2(script: Path, timeout_s: float = 400.0) -> None:
+    """Run ``script`` (which starts a tensor_parallel_size=2 engine) in a fresh interpreter, its two CPU workers
+    bound to one core each. Its output goes to ``script`` with the suffix ``.log``, beside it, where it can be read
+    while it runs; a non-zero exit or a timeout fails the test with that log's tail, so that a hang says where."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[1]}",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # fmt: skip
+    log = script.with_suffix(".log")
+    with log.open("w") as out:
+        try:
+            rc = subprocess.run([sys.executable, str(script)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=timeout_s).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            rc = None
+    tail = log.read_text(errors="replace")[-3000:]
+    if rc is None:
+        pytest.fail(f"{script.name} ran past {timeout_s:.0f} s; its output ended:\n{tail}")
+    assert rc == 0, tail

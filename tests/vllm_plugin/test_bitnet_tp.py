@@ -5,8 +5,6 @@ against transformers on the dequantized weights and generates the same greedy to
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import torch
 from ternop.quant.importer import convert_checkpoint
 from tests.ternary_sources import tiny_bitnet
 from tests.vllm_plugin._generate import assert_2x_rule, hf_generate, hf_logprobs, prompt_ids, with_activation_bits
+from tests.vllm_plugin._llm import run_tp2
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -47,11 +46,7 @@ def test_bitnet_tp2_matches_transformers(tmp_path):
     model = with_activation_bits(tmp_path / "ternary", tmp_path / "a16", 16)
     script, out = tmp_path / "run_tp2.py", tmp_path / "tp2.pt"
     script.write_text(_SCRIPT.format(root=str(ROOT), model=str(model), out=str(out)))
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[1]}",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_tp2(script)
     tokens, got = torch.load(out)
     prompts = prompt_ids(model)
     fp32 = load_model(model, dense=True, dtype=torch.float32)

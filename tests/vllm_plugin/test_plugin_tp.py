@@ -4,8 +4,6 @@ plugin, and the embeddings equal HF transformers on the dequantized weights."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import torch
 
 from ternop.quant.convert import quantize_checkpoint
 from tests.models import tiny_qwen3
-from tests.vllm_plugin._llm import assert_close_embeddings, reference_embed
+from tests.vllm_plugin._llm import assert_close_embeddings, reference_embed, run_tp2
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -43,9 +41,5 @@ def test_tp2_embed_matches_hf(tmp_path):
     script = tmp_path / "run_tp2.py"
     out = tmp_path / "tp2.pt"
     script.write_text(_SCRIPT.format(root=str(ROOT), model=str(model), out=str(out)))
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[1]}",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_tp2(script)
     assert_close_embeddings(torch.load(out), reference_embed(model, "last"))
