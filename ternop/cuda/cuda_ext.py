@@ -88,11 +88,8 @@ def _build() -> tuple[bool, str]:
         cpp_extension.load(
             name="ternop_cuda_ext",
             sources=[str(s) for s in SOURCES],
-            # No -std here: torch passes the C++ standard that its own headers and libraries
-            # were built with. A build that forced C++17 under torch 2.11 crashed on the first
-            # error an op raised (a TORCH_CHECK), instead of raising RuntimeError.
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],
+            extra_cflags=["-O3", "-std=c++17"],
+            extra_cuda_cflags=["-O3", "-std=c++17"],
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=False,
