@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import torch
@@ -64,6 +66,47 @@ def arch_list_for(capability: tuple[int, int]) -> str:
     return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
 
 
+def _compiler() -> list[str]:
+    """The C++ compiler torch's extension builder runs: ``$CXX``, else ``c++``."""
+    return shlex.split(os.environ.get("CXX") or "c++")
+
+
+def loaded_libstdcxx(maps: Path = Path("/proc/self/maps")) -> str | None:
+    """The path of the libstdc++ this process has loaded (torch's), or None."""
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if os.path.basename(path).startswith("libstdc++.so"):
+            return path
+    return None
+
+
+def runtime_link_flags(compiler: list[str], loaded: str | None) -> tuple[list[str], str]:
+    """Link flags that give the extension the process's own C++ runtime -> (flags, reason it cannot).
+
+    A compiler that has no shared libstdc++ (``-print-file-name=libstdc++.so`` finds none) links a
+    static copy into the extension. Two copies of libstdc++ in one process do not share iostreams'
+    locale: the first error an op raised (a TORCH_CHECK message built with ``<<``) crashed the
+    process with a segmentation fault instead of raising RuntimeError. Naming the loaded
+    ``libstdc++.so`` on the link line resolves the runtime's symbols there, before the static
+    archive is searched. Without one loaded, the build is refused with the reason."""
+    try:
+        found = subprocess.run([*compiler, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                               timeout=60).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return [], ""  # the build itself will say what is wrong with the compiler
+    if os.path.isabs(found):
+        return [], ""  # the compiler links the shared runtime itself
+    if loaded is None:
+        return [], (f"{' '.join(compiler)} has no shared libstdc++ and this process has none loaded: a static copy "
+                    "in the extension would crash on an op's first error; set CXX to a compiler that links "
+                    "libstdc++ dynamically")  # fmt: skip
+    return [loaded], ""
+
+
 def _build() -> tuple[bool, str]:
     if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return False, f"disabled by {ENV_DISABLE}"
@@ -77,6 +120,9 @@ def _build() -> tuple[bool, str]:
         return False, "nvcc not found (CUDA_HOME is unset)"
     capability = torch.cuda.get_device_capability()
     build_dir = cache_dir(capability)
+    ldflags, refused = runtime_link_flags(_compiler(), loaded_libstdcxx())
+    if refused:
+        return False, refused
     build_dir.mkdir(parents=True, exist_ok=True)
     # Build for this GPU only: one cubin, and a short compile. The variable is restored
     # afterwards so that other extensions built in this process are not affected.
@@ -90,6 +136,7 @@ def _build() -> tuple[bool, str]:
             sources=[str(s) for s in SOURCES],
             extra_cflags=["-O3", "-std=c++17"],
             extra_cuda_cflags=["-O3", "-std=c++17"],
+            extra_ldflags=ldflags,
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=False,
