@@ -31,7 +31,8 @@ Workloads (random weights; speed does not depend on their values):
           written directly (16 GB of bf16 would only be thrown away); the A8 folder shares the A16
           folder's weight files, with "activation_bits": 8 in its config (with --a8-scales row, a
           checkpoint of its own whose blocks share one scale a row: ternary_a8_row). --no-a16 and
-          --no-a8 leave a ternary model out, as for embed.
+          --no-a8 leave a ternary model out, as for embed; --a8-unfused adds each int8 model
+          once more with TERNOP_FUSE_QUANT=0 ("<name>_unfused"), as for embed and bitnet.
 - bitnet: a BitNet-b1.58-2B-4T-shaped BitNetForCausalLM (hidden 2560, 30 layers, 20/5 heads,
           head_dim 128, intermediate 6912, vocab 128256, squared-ReLU MLP, the two sub-norms per
           layer, tied embeddings), random ternary weights with int8 activations and one scale a
@@ -591,14 +592,14 @@ def worker_decode(args) -> dict:
 # --- driver -----------------------------------------------------------------------------------
 
 
-def _run_worker(kind: str, model: Path, args, dummy: bool = False) -> dict:
+def _run_worker(kind: str, model: Path, args, dummy: bool = False, env: dict | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--model", str(model), "--dtype", args.dtype,
            "--result", str(model / f"result_{kind}.json")]  # fmt: skip
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--profile"] if args.profile else []
     cmd += ["--dummy"] if dummy else []
     cmd += ["--decode-runs", str(args.decode_runs)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, timeout=args.worker_timeout)
@@ -655,12 +656,15 @@ def run_decode(args, work: Path, report: dict, workload: str) -> None:
             ("ternary_a8", write_model(work / "bitnet-ternary-a8", shape, ternary=True, dtype_name=dtype,
                                        activation_bits=8, arch="bitnet", row_scales=True), False),  # fmt: skip
         ]
+    if args.a8_unfused:  # each int8 model once more, its activations quantized inside ternop::linear
+        models += [(name + "_unfused", folder, False) for name, folder, _ in models if name.startswith("ternary_a8")]
     res = report[workload] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                               "decode_runs": args.decode_runs, "models": [m[0] for m in models]}  # fmt: skip
     if workload == "bitnet":
         res["baseline"] = "LlamaForCausalLM, same widths, depth, heads, vocab and tied embeddings (dummy load)"
     for name, folder, dummy in models:
-        res[name] = _run_worker("decode", folder, args, dummy=dummy)
+        env = {"TERNOP_FUSE_QUANT": "0"} if name.endswith("_unfused") else None
+        res[name] = _run_worker("decode", folder, args, dummy=dummy, env=env)
         _save(report, args.out)
     # A speed-up: bf16 time over ternary time.
     res["ratios"] = {name: _decode_ratios(res, name) for name, _, _ in models if name != "bf16"}
@@ -734,7 +738,8 @@ def main() -> None:
                              "row, which the int8 kernels sum over all of K (ternary_a8_row)")
     parser.add_argument("--a8-unfused", action="store_true",
                         help="also run the int8 model with TERNOP_FUSE_QUANT=0 (x quantized inside the op, not by "
-                             "the compiled graph), interleaved with the others")  # fmt: skip
+                             "the compiled graph or by BitNet's norms): interleaved with the others for embed, "
+                             "after them for decode and bitnet")  # fmt: skip
     parser.add_argument("--control", action="store_true",
                         help="embed: also run the bf16 model in a second engine (bf16_control), an A/A "
                              "comparison that shows what the method reports between two equal models")
