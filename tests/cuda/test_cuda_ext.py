@@ -80,8 +80,9 @@ TORCH_LIBRARY_IMPL(ternop_runtime_probe, CPU, m) { m.impl("fail", &probe_fail); 
 @pytest.mark.skipif(shutil.which("g++") is None or cuda_ext.loaded_libstdcxx() is None,
                     reason="needs g++ and a loaded libstdc++")  # fmt: skip
 def test_an_op_built_by_a_static_only_compiler_raises_its_error_intact(tmp_path, monkeypatch):
-    """With a static libstdc++ in the extension, a TORCH_CHECK's message lost its number here and crashed the
-    process on an H200 image; linked with the flags of ``runtime_link_flags`` it raises RuntimeError, whole."""
+    """With a static libstdc++ in the extension, a TORCH_CHECK's message loses its number on this CPU (on an H200
+    machine whose compiler ships only libstdc++.a it crashed the process); linked with the flags of
+    ``runtime_link_flags`` it raises RuntimeError, whole."""
     from torch.utils.cpp_extension import load_inline
 
     compiler = _compiler_script(tmp_path, "libstdc++.so")

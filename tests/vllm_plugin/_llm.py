@@ -30,7 +30,7 @@ def engine_args(**kwargs) -> dict:
     On a CUDA machine it also sets ``TRITON_F32_DEFAULT=ieee`` (unless set), which the engine's processes
     inherit: vLLM's Triton attention multiplies fp32 in TF32 by default, and the fp32 tests hold vLLM to the 2x
     rule against an fp64 oracle. A BitNet TP=2 run on two H200s missed it by far (log-prob error 1.9e-3 against
-    2 x 2.9e-6; results/h200/vllm_bitnet_tp2_gpu_89daeb2.log)."""
+    2 x 2.9e-6; results/h200x2/vllm_plugin/vllm_bitnet_tp2_gpu_89daeb2.log)."""
     if torch.cuda.is_available():
         kwargs.setdefault("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
         os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
