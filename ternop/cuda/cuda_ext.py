@@ -78,9 +78,9 @@ def loaded_libstdcxx(maps: Path = Path("/proc/self/maps")) -> str | None:
     except OSError:
         return None
     for line in lines:
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if os.path.basename(path).startswith("libstdc++.so"):
-            return path
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path (which may hold spaces)
+        if len(fields) == 6 and os.path.basename(fields[5]).startswith("libstdc++.so"):
+            return fields[5]
     return None
 
 
