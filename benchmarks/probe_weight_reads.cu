@@ -1,0 +1,271 @@
+// How fast the small-M kernels' weight reads can go, apart from their arithmetic: only the loads
+// of cuda_mma_a8 at M = 1 (ternop/cuda/csrc/ternary_mma_a8.cu), with its grid, warps and loads in
+// flight, against the same bytes laid out so that each warp reads them contiguously.
+//
+//   rows:   the v1 / a8 layout. Lane (g, q) of a warp reads 8 bytes of row g and 8 of row g + 8
+//           per 128-wide block (bytes 32b + 8q of the row): each load instruction touches eight
+//           rows, 32 bytes each, and a row's next 32 bytes are read one block later.
+//   tiles:  the same 512 bytes per (16 rows, block), stored contiguously, one 16-byte load a lane.
+//   stream: every thread of a plain grid reads 16-byte vectors in order (what a copy reaches).
+//
+// Each kernel XORs what it read into one word per warp, so nothing is optimised away. Weights
+// rotate over copies that together pass 200 MB (four times the L2).
+//
+//     nvcc -O3 -arch=sm_90a -o probe_weight_reads benchmarks/probe_weight_reads.cu && ./probe_weight_reads
+#include <cstdio>
+#include <cstdint>
+#include <algorithm>
+
+#include <cuda_runtime.h>
+
+#define CHECK(call)                                                                          \
+  do {                                                                                       \
+    const cudaError_t err_ = (call);                                                         \
+    if (err_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_));      \
+      return 1;                                                                              \
+    }                                                                                        \
+  } while (0)
+
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ uint2 ld8(const uint8_t* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint4 ld16(const uint8_t* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// The warp of set `set`, split `warp` of warps_k: its 16 rows and its range of scale blocks.
+struct WarpWork {
+  int n0, b_begin, count;
+};
+
+__device__ __forceinline__ WarpWork warp_work(int N, int K, int warps_log2) {
+  const int warps = 1 << warps_log2;
+  const int set = threadIdx.x >> (5 + warps_log2), warp = (threadIdx.x >> 5) & (warps - 1);
+  const int n0 = (blockIdx.x * (blockDim.x >> (5 + warps_log2)) + set) * 16;
+  const int blocks = K / 128;
+  const int per_warp = (blocks + warps - 1) / warps;
+  const int b_begin = min(warp * per_warp, blocks);
+  return {n0, b_begin, min(per_warp, blocks - b_begin)};
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, 4) rows_kernel(const uint8_t* __restrict__ w, int N, int K,
+                                                              int warps_log2, uint32_t* sink) {
+  const WarpWork ww = warp_work(N, K, warps_log2);
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  const int r0 = ww.n0 + g < N ? ww.n0 + g : 0, r1 = ww.n0 + g + 8 < N ? ww.n0 + g + 8 : 0;
+  const uint8_t* p0 = w + r0 * row_bytes + ww.b_begin * 32 + 8 * q;
+  const uint8_t* p1 = w + r1 * row_bytes + ww.b_begin * 32 + 8 * q;
+  uint2 buf[D][2];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < ww.count) buf[d][0] = ld8(p0 + 32 * d), buf[d][1] = ld8(p1 + 32 * d);
+  uint32_t acc = 0;
+  for (int b = 0; b < ww.count; b += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      if (b + d < ww.count) {
+        acc ^= buf[d][0].x ^ buf[d][0].y ^ buf[d][1].x ^ buf[d][1].y;
+        if (b + d + D < ww.count) buf[d][0] = ld8(p0 + 32 * (b + d + D)), buf[d][1] = ld8(p1 + 32 * (b + d + D));
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// Tile (n0 / 16) holds its blocks one after the other, 512 bytes each.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, 4) tiles_kernel(const uint8_t* __restrict__ w, int N, int K,
+                                                               int warps_log2, uint32_t* sink) {
+  const WarpWork ww = warp_work(N, K, warps_log2);
+  const int lane = threadIdx.x % 32;
+  const int tile = ww.n0 < N ? ww.n0 / 16 : 0;
+  const uint8_t* p = w + static_cast<size_t>(tile) * 16 * (K / 4) + ww.b_begin * 512 + 16 * lane;
+  uint4 buf[D];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < ww.count) buf[d] = ld16(p + 512 * d);
+  uint32_t acc = 0;
+  for (int b = 0; b < ww.count; b += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      if (b + d < ww.count) {
+        acc ^= buf[d].x ^ buf[d].y ^ buf[d].z ^ buf[d].w;
+        if (b + d + D < ww.count) buf[d] = ld16(p + 512 * (b + d + D));
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// Persistent: gridDim.x CTAs (a few an SM) of the rule's warps; set r of CTA c takes the row
+// groups c * R + r, then that plus gridDim.x * R, and so on, so the groups in flight across the GPU
+// form one contiguous window of the weights that moves through memory in order. Each warp keeps D
+// blocks of loads in flight across the groups it walks.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, 4) persistent_kernel(const uint8_t* __restrict__ w, int N, int K,
+                                                                    int warps_log2, uint32_t* sink) {
+  const int warps = 1 << warps_log2, sets = blockDim.x >> (5 + warps_log2);
+  const int set = threadIdx.x >> (5 + warps_log2), warp = (threadIdx.x >> 5) & (warps - 1);
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int blocks = K / 128, per_warp = (blocks + warps - 1) / warps;
+  const int b_begin = min(warp * per_warp, blocks), count = min(per_warp, blocks - b_begin);
+  const int n_groups = (N + 15) / 16, first = blockIdx.x * sets + set, stride = gridDim.x * sets;
+  if (count <= 0 || first >= n_groups) return;
+  const int mine = (n_groups - first + stride - 1) / stride;
+  const int steps = mine * count;
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  auto addr = [&](int s, int r8) {  // step s: group first + (s / count) * stride, block s % count
+    const int grp = first + (s / count) * stride;
+    int row = grp * 16 + g + r8;
+    row = row < N ? row : 0;
+    return w + row * row_bytes + (b_begin + s % count) * 32 + 8 * q;
+  };
+  uint2 buf[D][2];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < steps) buf[d][0] = ld8(addr(d, 0)), buf[d][1] = ld8(addr(d, 8));
+  uint32_t acc = 0;
+  for (int s = 0; s < steps; s += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      if (s + d < steps) {
+        acc ^= buf[d][0].x ^ buf[d][0].y ^ buf[d][1].x ^ buf[d][1].y;
+        if (s + d + D < steps) buf[d][0] = ld8(addr(s + d + D, 0)), buf[d][1] = ld8(addr(s + d + D, 8));
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// U 16-byte loads in flight a thread (vecs a multiple of the grid's threads times U).
+template <int U>
+__global__ void stream_kernel(const uint4* __restrict__ w, size_t vecs, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < vecs; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      v[u] = i + u * stride < vecs ? ld16(reinterpret_cast<const uint8_t*>(w + i + u * stride)) : uint4{};
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// small_m_split of ternary_common.cuh (M = 1 grid).
+// `force` > 0 takes that many sets instead of the rule's.
+static void split(int N, int K, int sms, int force, int* groups, int* warps_log2) {
+  const int blocks = K / 128;
+  int w = 1;
+  while (w < kWarps && blocks / (2 * w) >= 2) w *= 2;
+  int r = 1;
+  while (2 * r <= kWarps && 2 * ((N + 32 * r - 1) / (32 * r)) >= 3 * sms) r *= 2;
+  if (force > 0) r = force;
+  const int warps_k = r >= w ? 1 : w / r;
+  int l = 0;
+  while ((1 << l) < warps_k) ++l;
+  *groups = r;
+  *warps_log2 = l;
+}
+
+enum Kind { kRows, kTiles, kStream, kPersistent };
+const char* const kNames[] = {"rows", "tiles", "stream", "persist"};
+// depth: blocks in flight a warp (rows, tiles) or 16-byte loads in flight a thread (stream);
+// sets: sets of 16 rows a CTA, 0 for small_m_split's rule; stream: CTAs an SM and threads a CTA.
+struct Config {
+  Kind kind;
+  int depth, sets, ctas_per_sm, threads;
+};
+const Config configs[] = {
+    {kRows, 2, 0, 0, 0},   {kRows, 4, 0, 0, 0},   {kRows, 8, 0, 0, 0},    {kRows, 4, 1, 0, 0},
+    {kRows, 4, 2, 0, 0},   {kRows, 4, 4, 0, 0},   {kRows, 8, 2, 0, 0},    {kTiles, 4, 0, 0, 0},
+    {kStream, 1, 0, 4, 512}, {kStream, 4, 0, 4, 512}, {kStream, 4, 0, 2, 256}, {kStream, 4, 0, 1, 256},
+    {kStream, 1, 0, 2, 256},
+    {kPersistent, 4, 1, 2, 0}, {kPersistent, 4, 1, 4, 0}, {kPersistent, 8, 1, 2, 0}, {kPersistent, 8, 1, 4, 0},
+    {kPersistent, 4, 2, 4, 0}, {kPersistent, 8, 0, 4, 0},
+};
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int shapes[][2] = {{4096, 4096}, {4096, 6144}, {4096, 14336}, {4096, 28672}, {14336, 4096},
+                           {2560, 3840}, {2560, 2560}, {2560, 13824}, {6912, 2560}, {1024, 4096}};
+  uint32_t* sink = nullptr;
+  CHECK(cudaMalloc(&sink, 4));
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::printf("%-13s %-7s %5s %5s %6s %7s %9s %7s\n", "K x N", "pattern", "depth", "sets", "ctas", "threads",
+              "us/call", "TB/s");
+  for (const auto& s : shapes) {
+    const int K = s[0], N = s[1];
+    const size_t bytes = static_cast<size_t>(N) * K / 4;
+    const int copies = static_cast<int>((200u << 20) / bytes) + 2;
+    uint8_t* w = nullptr;
+    CHECK(cudaMalloc(&w, bytes * copies));
+    CHECK(cudaMemset(w, 0x5a, bytes * copies));
+    const int reps = 20 * copies;
+    for (const Config& c : configs) {
+      int groups = 0, warps_log2 = 0;
+      split(N, K, sms, c.sets, &groups, &warps_log2);
+      const int threads = c.kind == kStream ? c.threads : groups * (1 << warps_log2) * 32;
+      int ctas = c.kind == kStream ? c.ctas_per_sm * sms : (N + 16 * groups - 1) / (16 * groups);
+      if (c.kind == kPersistent) ctas = std::min(ctas, c.ctas_per_sm * sms);
+      if (c.kind != kStream && threads != kWarps * 32) continue;  // the kernels' 8 warps only
+      auto launch = [&](int i) {
+        const uint8_t* wi = w + bytes * (i % copies);
+        const uint4* wv = reinterpret_cast<const uint4*>(wi);
+        if (c.kind == kRows && c.depth == 2) rows_kernel<2><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kRows && c.depth == 4) rows_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kRows && c.depth == 8) rows_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kTiles && c.depth == 4) tiles_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kPersistent && c.depth == 4) persistent_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kPersistent && c.depth == 8) persistent_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kStream && c.depth == 1) stream_kernel<1><<<ctas, threads, 0, stream>>>(wv, bytes / 16, sink);
+        if (c.kind == kStream && c.depth == 4) stream_kernel<4><<<ctas, threads, 0, stream>>>(wv, bytes / 16, sink);
+      };
+      // One CUDA graph of `reps` launches, so launch gaps do not count (as in a captured model).
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int i = 0; i < reps; ++i) launch(i);
+      CHECK(cudaStreamEndCapture(stream, &graph));
+      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CHECK(cudaGraphLaunch(exec, stream));
+      CHECK(cudaStreamSynchronize(stream));
+      float best = 1e30f;
+      for (int round = 0; round < 5; ++round) {
+        CHECK(cudaEventRecord(t0, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(t1, stream));
+        CHECK(cudaEventSynchronize(t1));
+        float ms = 0.f;
+        CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        best = ms < best ? ms : best;
+      }
+      CHECK(cudaGetLastError());
+      CHECK(cudaGraphExecDestroy(exec));
+      CHECK(cudaGraphDestroy(graph));
+      const double us = 1e3 * best / reps;
+      std::printf("%5dx%-7d %-7s %5d %5d %6d %7d %9.2f %7.2f\n", K, N, kNames[c.kind], c.depth,
+                  c.kind == kStream ? 0 : groups, ctas, threads, us, bytes / us * 1e-6);
+    }
+    CHECK(cudaFree(w));
+  }
+  return 0;
+}
