@@ -1,6 +1,6 @@
 """Times every tile of the mid-M and Hopper CUDA kernels against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8] [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8|mma_a8_fused] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -20,7 +20,8 @@ tiles 0-3, the last two for row scales only: 192 weight rows at 128 tokens, 256 
 ``--kernel mma`` and ``--kernel mma_a8`` time the small-M kernels (``ternary_mma.cu``,
 ``ternary_mma_a8.cu``, M <= 16; default ``--ms`` 1 4 8 12 16) with 1, 2, 4 and 8 sets of 16 weight
 rows per CTA (``tile:<i>`` is 2^i sets; ``small_m_split`` in ``ternary_common.cuh`` picks for
-``tile:auto``); ``mma_a8`` includes the per-token quantization of x. With ``--depths 2 4`` they
+``tile:auto``); ``mma_a8`` includes the per-token quantization of x, and ``--kernel mma_a8_fused``
+times the form that quantizes x inside the kernel (``--ms`` 1 2 only). With ``--depths 2 4`` they
 are also timed with four scale blocks of weight loads in flight a warp instead of two
 (``tile:<i>:d4``, ``tile:auto:d4``; the result is the same bits at either depth).
 """
@@ -51,6 +52,7 @@ KERNELS = {
     "wgmma_a8_row": ("linear_cuda_wgmma_a8", 4, "a8", True),
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA
     "mma_a8": ("linear_cuda_mma_a8", 4, "a8", False),
+    "mma_a8_fused": ("linear_cuda_mma_a8_fused", 4, "a8", False),  # M <= 2: quantizes x itself
 }
 
 
@@ -58,11 +60,14 @@ def _caller(op, layout: str):
     """``f(x, packed, scale, tile, depth)`` for one kernel (``depth`` -1 or, for the small-M kernels, the
     scale blocks of weight loads in flight a warp); the W2A8 one times the per-token quantization of x
     with it, as the op pays it."""
-    small = op in (torch.ops.ternop.linear_cuda_mma, torch.ops.ternop.linear_cuda_mma_a8)
+    fused = op is torch.ops.ternop.linear_cuda_mma_a8_fused
+    small = fused or op in (torch.ops.ternop.linear_cuda_mma, torch.ops.ternop.linear_cuda_mma_a8)
 
     def arg(tile):  # the small-M kernels take row_groups = 2^tile
         return 1 << tile if small and tile >= 0 else tile
 
+    if fused:
+        return lambda x, p, s, tile, depth: op(x, p, s, None, arg(tile), depth)
     if layout != "a8":
         if small:
             return lambda x, p, s, tile, depth: op(x, p, s, None, True, arg(tile), depth)
@@ -98,7 +103,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                 row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
                 errs = {}
                 runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
-                if kernel in ("mma", "mma_a8"):
+                if kernel in ("mma", "mma_a8", "mma_a8_fused"):
                     runs += [(tile, d, f":d{d}") for d in depths if d != 2 for tile in (*range(tiles), -1)]
                 for tile, depth, tag in runs:
                     name = f"tile:{tile if tile >= 0 else 'auto'}{tag}"
@@ -126,7 +131,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_tiles.json"))
-    parser.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {MS}; mma, mma_a8: {SMALL_MS}")
+    parser.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {MS}; mma, mma_a8: {SMALL_MS}; mma_a8_fused: 1 2")
     parser.add_argument("--shapes", type=_shape_list, default=None,
                         help="only these K->N shapes, e.g. 4096x14336,1024x4096")
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
@@ -139,7 +144,8 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
-        ms = args.ms or (SMALL_MS if args.kernel.startswith("mma") and args.kernel != "mma_tiles" else MS)
+        ms = args.ms or ([1, 2] if args.kernel == "mma_a8_fused"
+                         else SMALL_MS if args.kernel.startswith("mma") and args.kernel != "mma_tiles" else MS)
         report = run(ms, args.out, args.kernel, args.shapes, args.depths)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
