@@ -49,6 +49,7 @@ A8_MAX_WARPS = _const(_A8_SRC, "kMaxWarpsA8")
 A8_DEPTH = _const(_A8_SRC, "kDepthA8")
 A8_TABLE = _const(_A8_SRC, "kTable")
 MIN_CTAS_PER_2_SMS = _const(_COMMON_SRC, "kSmallMMinCtasPer2Sms")
+A8_ONE_TILE_MIN_CTAS_PER_2_SMS = _const(_A8_SRC, "kOneTileMinCtasPer2Sms")
 SMS = 132  # an H200's multiprocessors, for the kernels' own choice of the split
 U32 = np.uint32
 
@@ -107,13 +108,14 @@ def warps_for(blocks: int, max_warps: int = MAX_WARPS) -> int:
     return w
 
 
-def small_m_split(n: int, k: int, sms: int, row_groups: int, max_warps: int) -> tuple[int, int]:
+def small_m_split(n: int, k: int, sms: int, row_groups: int, max_warps: int,
+                  min_ctas_per_2_sms: int = MIN_CTAS_PER_2_SMS) -> tuple[int, int]:
     """small_m_split: (sets of 16 rows per CTA, warps per set)."""
     w = warps_for(k // 128, max_warps)
     r = row_groups
     if r <= 0:
         r = 1
-        while 2 * r <= max_warps and 2 * -(-n // (32 * r)) >= MIN_CTAS_PER_2_SMS * sms:
+        while 2 * r <= max_warps and 2 * -(-n // (32 * r)) >= min_ctas_per_2_sms * sms:
             r *= 2
     return r, (1 if r >= w else w // r)
 
@@ -279,6 +281,23 @@ def test_row_sets_per_cta_while_the_ctas_still_fill_the_gpu():
     assert small_m_split(28672, 384, SMS, 8, MAX_WARPS) == (8, 1)  # more sets than K's warps
 
 
+def a8_split(m: int, n: int, k: int, row_groups: int = -1) -> tuple[int, int]:
+    """launch_ternary_mma_a8's split: the one-tile kernels (M <= 8) keep more CTAs an SM."""
+    least = A8_ONE_TILE_MIN_CTAS_PER_2_SMS if m <= 8 else MIN_CTAS_PER_2_SMS
+    return small_m_split(n, k, SMS, row_groups, A8_MAX_WARPS, least)
+
+
+def test_int8_one_tile_kernels_keep_three_ctas_an_sm():
+    # Half the sets of the two-tile kernel on the two widest 8B layers (measured faster at M <= 8),
+    # the same on every narrower one; a forced count is taken as it is.
+    assert [a8_split(m, 14336, 4096) for m in (1, 8, 9, 16)] == [(2, 4), (2, 4), (4, 2), (4, 2)]
+    assert [a8_split(m, 28672, 4096) for m in (1, 8, 9, 16)] == [(4, 2), (4, 2), (8, 1), (8, 1)]
+    assert a8_split(1, 13824, 2560) == (2, 4)
+    assert a8_split(1, 4096, 14336) == a8_split(16, 4096, 14336) == (1, 8)
+    assert a8_split(1, 6144, 4096) == (1, 8)
+    assert a8_split(1, 28672, 4096, row_groups=8) == (8, 1)
+
+
 # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8 warps,
 # the last two with none; N not a multiple of 16.
 SHAPES = [(1, 128, 16), (3, 384, 20), (8, 512, 16), (9, 256, 24), (16, 1024, 16), (2, 2176, 8), (12, 640, 33)]
@@ -375,7 +394,7 @@ def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bi
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
     blocks = K // 128
-    sets, warps = small_m_split(N, K, SMS, row_groups, A8_MAX_WARPS)
+    sets, warps = a8_split(M, N, K, row_groups)
     per_warp = (blocks + warps - 1) // warps
     q_words = np.ascontiguousarray(q8).view(U32)  # [M, K/4]
     out = np.full((M, N), np.nan, np.float32)

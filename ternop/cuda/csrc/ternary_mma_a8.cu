@@ -50,6 +50,13 @@ constexpr int kMaxWarpsA8 = 8;
 constexpr int kDepthA8 = 2;
 constexpr int kDeepDepthA8 = 4;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
+// The one-tile kernels (M <= 8) keep at least three CTAs an SM (small_m_split), twice what the
+// two-tile one and cuda_mma keep: at M = 1..8 on the H200 that halves the sets of 16 rows a CTA
+// on the two widest 8B layers (4096->14336: 4 -> 2, 4096->28672: 8 -> 4), 9-15% faster there in
+// sweep_mma_a8_depth_d926bca.json, where the two-tile kernel at M = 16 gained nothing from it.
+// A CTA's weight loads then cover fewer rows at once (benchmarks/probe_weight_reads.cu: the same
+// bytes read by more, shorter CTAs reach more of the bandwidth).
+constexpr int kOneTileMinCtasPer2Sms = 6;
 constexpr int kFusedMaxM = 2;             // rows the fused quantization takes
 constexpr int kFusedMaxBytes = 40 * 1024;  // its shared int8 copy of x, M * K bytes (with the static
                                            // shared memory, under the 48 KiB a launch may take unasked)
@@ -315,7 +322,8 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
                         int sms, cudaStream_t stream) {
   if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
-  const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarpsA8);
+  const SmallMSplit split =
+      small_m_split(N, K, sms, row_groups, kMaxWarpsA8, M <= 8 ? kOneTileMinCtasPer2Sms : kSmallMMinCtasPer2Sms);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
