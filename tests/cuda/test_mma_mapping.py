@@ -50,6 +50,7 @@ A8_DEPTH = _const(_A8_SRC, "kDepthA8")
 A8_TABLE = _const(_A8_SRC, "kTable")
 MIN_CTAS_PER_2_SMS = _const(_COMMON_SRC, "kSmallMMinCtasPer2Sms")
 A8_ONE_TILE_MIN_CTAS_PER_2_SMS = _const(_A8_SRC, "kOneTileMinCtasPer2Sms")
+A8_FUSED_MAX_SETS = _const(_A8_SRC, "kFusedMaxSets")
 SMS = 132  # an H200's multiprocessors, for the kernels' own choice of the split
 U32 = np.uint32
 
@@ -281,9 +282,12 @@ def test_row_sets_per_cta_while_the_ctas_still_fill_the_gpu():
     assert small_m_split(28672, 384, SMS, 8, MAX_WARPS) == (8, 1)  # more sets than K's warps
 
 
-def a8_split(m: int, n: int, k: int, row_groups: int = -1) -> tuple[int, int]:
-    """launch_ternary_mma_a8's split: the one-tile kernels (M <= 8) keep more CTAs an SM."""
-    least = A8_ONE_TILE_MIN_CTAS_PER_2_SMS if m <= 8 else MIN_CTAS_PER_2_SMS
+def a8_split(m: int, n: int, k: int, row_groups: int = -1, fused: bool = False) -> tuple[int, int]:
+    """launch_a8_t's split: the one-tile kernels given quantized rows (M <= 8) keep more CTAs an SM;
+    the fused form keeps the default rule, at most A8_FUSED_MAX_SETS sets."""
+    if fused and row_groups <= 0:
+        row_groups = min(small_m_split(n, k, SMS, -1, A8_MAX_WARPS)[0], A8_FUSED_MAX_SETS)
+    least = A8_ONE_TILE_MIN_CTAS_PER_2_SMS if m <= 8 and not fused else MIN_CTAS_PER_2_SMS
     return small_m_split(n, k, SMS, row_groups, A8_MAX_WARPS, least)
 
 
@@ -296,6 +300,14 @@ def test_int8_one_tile_kernels_keep_three_ctas_an_sm():
     assert a8_split(1, 4096, 14336) == a8_split(16, 4096, 14336) == (1, 8)
     assert a8_split(1, 6144, 4096) == (1, 8)
     assert a8_split(1, 28672, 4096, row_groups=8) == (8, 1)
+
+
+def test_the_fused_int8_kernel_takes_at_most_four_sets():
+    # Its CTAs each quantize x: the default rule's split, but four sets instead of eight on 4096->28672.
+    assert [a8_split(m, n, k, fused=True) for m in (1, 2) for k, n in ((4096, 14336), (4096, 28672), (2560, 13824))] \
+        == [(4, 2), (4, 2), (4, 2)] * 2
+    assert a8_split(1, 4096, 4096, fused=True) == a8_split(1, 4096, 4096) == (1, 8)
+    assert a8_split(2, 28672, 4096, row_groups=8, fused=True) == (8, 1)
 
 
 # 1, 2, 4 and 8 warps; odd block counts (the ring's tail); K = 2176: 17 blocks over 8 warps,

@@ -50,13 +50,19 @@ constexpr int kMaxWarpsA8 = 8;
 constexpr int kDepthA8 = 2;
 constexpr int kDeepDepthA8 = 4;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
-// The one-tile kernels (M <= 8) keep at least three CTAs an SM (small_m_split), twice what the
-// two-tile one and cuda_mma keep: at M = 1..8 on the H200 that halves the sets of 16 rows a CTA
-// on the two widest 8B layers (4096->14336: 4 -> 2, 4096->28672: 8 -> 4), 9-15% faster there in
-// sweep_mma_a8_depth_d926bca.json, where the two-tile kernel at M = 16 gained nothing from it.
+// The one-tile kernels given quantized rows (M <= 8) keep at least three CTAs an SM
+// (small_m_split), twice what the two-tile one and cuda_mma keep: at M = 1..8 on the H200 that
+// halves the sets of 16 rows a CTA on the two widest 8B layers (4096->14336: 4 -> 2,
+// 4096->28672: 8 -> 4), 9-15% faster there in sweep_mma_a8_depth_d926bca.json and as fast as
+// the best count in sweep_mma_a8_split_2cb00c0.json; the two-tile kernel at M = 16 gained
+// nothing from it.
 // A CTA's weight loads then cover fewer rows at once (benchmarks/probe_weight_reads.cu: the same
 // bytes read by more, shorter CTAs reach more of the bandwidth).
 constexpr int kOneTileMinCtasPer2Sms = 6;
+// The fused form keeps the two-tile rule's split, with at most four sets a CTA: in
+// sweep_mma_a8_fused_split_2cb00c0.json four sets beat two by 4-10% on 4096->14336 (M = 2) and
+// 2560->13824, and beat eight by 7% on 4096->28672; each of its CTAs quantizes all of x first.
+constexpr int kFusedMaxSets = 4;
 constexpr int kFusedMaxM = 2;             // rows the fused quantization takes
 constexpr int kFusedMaxBytes = 40 * 1024;  // its shared int8 copy of x, M * K bytes (with the static
                                            // shared memory, under the 48 KiB a launch may take unasked)
@@ -322,8 +328,11 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
                         int sms, cudaStream_t stream) {
   if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
-  const SmallMSplit split =
-      small_m_split(N, K, sms, row_groups, kMaxWarpsA8, M <= 8 ? kOneTileMinCtasPer2Sms : kSmallMMinCtasPer2Sms);
+  int sets = row_groups;
+  if (x != nullptr && sets <= 0) sets = min(small_m_split(N, K, sms, -1, kMaxWarpsA8).groups, kFusedMaxSets);
+  const bool one_tile_q8 = x == nullptr && M <= 8;
+  const SmallMSplit split = small_m_split(N, K, sms, sets, kMaxWarpsA8,
+                                          one_tile_q8 ? kOneTileMinCtasPer2Sms : kSmallMMinCtasPer2Sms);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
