@@ -1,0 +1,131 @@
+"""Times one decode step's ternary linears, every layer with its own weights, in one CUDA graph.
+
+    python benchmarks/bench_decode_linears.py [--family 8B|bitnet] [--ms 1 4 8] [--force N=SETS ...]
+
+``sweep_tiles.py`` times one layer's kernel over and over; a decoder step instead runs each of
+its layers' four linears once, one after the other, and reads every weight once (1.7 GB for the
+8B shapes). This benchmark captures exactly that sequence of the int8 small-M kernel
+(``ternop::linear_cuda_mma_a8`` given quantized rows, as vLLM's compiled graph calls it) and
+times it with the kernel's own split (``rule``) and with the sets of 16 rows a CTA forced per
+output width (``--force 28672=8``: every layer with N = 28672 takes eight sets; ``forced``). The
+two variants take turns, in a new random order each round; the report gives each one's median,
+min and max over the rounds, in microseconds per step, stamped with the commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import ternop
+from ternop import layouts
+from ternop.activations import quantize_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_linear import make_weights  # noqa: E402
+from stamp import git_commit  # noqa: E402
+
+# (K, N) of one layer's four linears (qkv, o, gate_up, down) and the number of layers.
+FAMILIES = {
+    "8B": ([(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)], 32),
+    "bitnet": ([(2560, 3840), (2560, 2560), (2560, 13824), (6912, 2560)], 30),
+}
+
+
+def _weights(k: int, n: int):
+    """One layer's weights in the a8 layout with a scale per row, as the vLLM plugin hands them on."""
+    packed, scale = make_weights(k, n, 1)[0]
+    return layouts.repack(packed, "a8"), scale[:, :1].contiguous()
+
+
+def _time_graph(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def run(family: str, ms: list[int], force: dict[int, int], rounds: int, replays: int) -> dict:
+    shapes, layers = FAMILIES[family]
+    weights = [[_weights(k, n) for k, n in shapes] for _ in range(layers)]
+    op = torch.ops.ternop.linear_cuda_mma_a8
+    results = []
+    for m in ms:
+        xs = {k: quantize_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16)) for k, _ in shapes}
+
+        def step(forced: bool):
+            for layer in weights:
+                for (k, n), (p, s) in zip(shapes, layer):
+                    q, qs = xs[k]
+                    op(q, qs, p, s, None, torch.bfloat16, force.get(n, -1) if forced else -1, -1)
+
+        graphs = {}
+        for name, forced in (("rule", False), ("forced", True)):
+            step(forced)  # builds and warms outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step(forced)
+            graphs[name] = g
+        times = {name: [] for name in graphs}
+        for _ in range(rounds):
+            order = list(graphs)
+            random.shuffle(order)
+            for name in order:
+                times[name].append(_time_graph(graphs[name], replays))
+        row = {"M": m}
+        for name, ts in times.items():
+            row[name] = {"median_us": round(statistics.median(ts), 2), "min_us": round(min(ts), 2),
+                         "max_us": round(max(ts), 2)}
+        row["forced_over_rule"] = round(row["forced"]["median_us"] / row["rule"]["median_us"], 4)
+        print(f"{family} M={m}: rule {row['rule']['median_us']:.1f} us/step "
+              f"({row['rule']['min_us']:.1f}-{row['rule']['max_us']:.1f}), forced {force} "
+              f"{row['forced']['median_us']:.1f} ({row['forced']['min_us']:.1f}-{row['forced']['max_us']:.1f})",
+              flush=True)
+        results.append(row)
+        del graphs
+    return {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "family": family, "layers": layers, "shapes": shapes, "force": force, "rounds": rounds,
+            "replays": replays, "results": results}
+
+
+def _force(text: str) -> tuple[int, int]:
+    n, sets = text.split("=")
+    return int(n), int(sets)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="8B")
+    parser.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--force", type=_force, nargs="+", default=[], metavar="N=SETS")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_decode_linears needs a CUDA device", file=sys.stderr)
+        return 2
+    ternop.linear(torch.zeros(1, 128, device="cuda", dtype=torch.bfloat16),
+                  torch.zeros(128, 32, dtype=torch.uint8, device="cuda"),
+                  torch.ones(128, 1, dtype=torch.float16, device="cuda"))  # builds the extension
+    with torch.inference_mode():
+        report = run(args.family, args.ms, dict(args.force), args.rounds, args.replays)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
