@@ -8,6 +8,7 @@ it imports the config module and registers the class once, and names the models 
 
 from __future__ import annotations
 
+import os
 import warnings
 
 _registered = False
@@ -26,10 +27,16 @@ def register() -> None:
     It also keeps CPython's freed frame-stack chunks for reuse in this process
     (:mod:`ternop.vllm_plugin.stack_chunks`; ``TERNOP_KEEP_STACK_CHUNKS=0`` turns that off); a
     failure to build that allocator is reported as a warning and changes nothing else.
+
+    With ``TERNOP_FUSE_QUANT=0`` it sets ``VLLM_DISABLE_COMPILE_CACHE=1`` unless that is set: the
+    variable changes the graph vLLM compiles, but not the key of vLLM's compile cache, so a
+    graph compiled under the other setting would be loaded from the cache instead.
     """
     global _registered
     if _registered:
         return
+    if os.environ.get("TERNOP_FUSE_QUANT", "1") == "0":
+        os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     from vllm import ModelRegistry
 
     from ternop.vllm_plugin import stack_chunks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,6 +27,21 @@ def test_register_is_idempotent_and_makes_ternary_known():
     register()
     assert get_quantization_config("ternary") is TernaryConfig
     assert QUANTIZATION_METHODS.count("ternary") == 1
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"TERNOP_FUSE_QUANT": "0"}, "1"),  # a graph cached under the default setting must not be loaded
+    ({"TERNOP_FUSE_QUANT": "0", "VLLM_DISABLE_COMPILE_CACHE": "0"}, "0"),  # the user's own choice stays
+    ({}, None),
+])
+def test_register_keeps_the_compile_cache_from_mixing_quantization_settings(env, expected):
+    code = ("import os; from ternop.vllm_plugin import register; register(); "
+            "from vllm import envs; print(os.environ.get('VLLM_DISABLE_COMPILE_CACHE'), envs.VLLM_DISABLE_COMPILE_CACHE)")
+    base = {k: v for k, v in os.environ.items() if k not in ("TERNOP_FUSE_QUANT", "VLLM_DISABLE_COMPILE_CACHE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**base, **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == [str(expected), str(expected == "1")]
 
 
 def test_import_ternop_does_not_import_vllm():
