@@ -49,7 +49,7 @@ A8_MAX_WARPS = _const(_A8_SRC, "kMaxWarpsA8")
 A8_DEPTH = _const(_A8_SRC, "kDepthA8")
 A8_TABLE = _const(_A8_SRC, "kTable")
 MIN_CTAS_PER_2_SMS = _const(_COMMON_SRC, "kSmallMMinCtasPer2Sms")
-A8_ONE_TILE_MIN_CTAS_PER_2_SMS = _const(_A8_SRC, "kOneTileMinCtasPer2Sms")
+A8_ONE_TILE_CTAS_PER_SM = _const(_A8_SRC, "kOneTileCtasPerSm")
 A8_FUSED_MAX_SETS = _const(_A8_SRC, "kFusedMaxSets")
 SMS = 132  # an H200's multiprocessors, for the kernels' own choice of the split
 U32 = np.uint32
@@ -109,14 +109,13 @@ def warps_for(blocks: int, max_warps: int = MAX_WARPS) -> int:
     return w
 
 
-def small_m_split(n: int, k: int, sms: int, row_groups: int, max_warps: int,
-                  min_ctas_per_2_sms: int = MIN_CTAS_PER_2_SMS) -> tuple[int, int]:
+def small_m_split(n: int, k: int, sms: int, row_groups: int, max_warps: int) -> tuple[int, int]:
     """small_m_split: (sets of 16 rows per CTA, warps per set)."""
     w = warps_for(k // 128, max_warps)
     r = row_groups
     if r <= 0:
         r = 1
-        while 2 * r <= max_warps and 2 * -(-n // (32 * r)) >= min_ctas_per_2_sms * sms:
+        while 2 * r <= max_warps and 2 * -(-n // (32 * r)) >= MIN_CTAS_PER_2_SMS * sms:
             r *= 2
     return r, (1 if r >= w else w // r)
 
@@ -283,20 +282,26 @@ def test_row_sets_per_cta_while_the_ctas_still_fill_the_gpu():
 
 
 def a8_split(m: int, n: int, k: int, row_groups: int = -1, fused: bool = False) -> tuple[int, int]:
-    """launch_a8_t's split: the one-tile kernels given quantized rows (M <= 8) keep more CTAs an SM;
-    the fused form keeps the default rule, at most A8_FUSED_MAX_SETS sets."""
-    if fused and row_groups <= 0:
+    """launch_a8_t's split: the fused form takes the default rule, at most A8_FUSED_MAX_SETS sets; the
+    one-tile kernel given quantized rows (M <= 8) the fewest sets whose CTAs all run at once."""
+    if row_groups <= 0 and fused:
         row_groups = min(small_m_split(n, k, SMS, -1, A8_MAX_WARPS)[0], A8_FUSED_MAX_SETS)
-    least = A8_ONE_TILE_MIN_CTAS_PER_2_SMS if m <= 8 and not fused else MIN_CTAS_PER_2_SMS
-    return small_m_split(n, k, SMS, row_groups, A8_MAX_WARPS, least)
+    elif row_groups <= 0 and m <= 8:
+        row_groups = 1
+        while 2 * row_groups <= A8_MAX_WARPS and -(-n // (16 * row_groups)) > A8_ONE_TILE_CTAS_PER_SM * SMS:
+            row_groups *= 2
+    return small_m_split(n, k, SMS, row_groups, A8_MAX_WARPS)
 
 
-def test_int8_one_tile_kernels_keep_three_ctas_an_sm():
-    # Half the sets of the two-tile kernel on the two widest 8B layers (measured faster at M <= 8),
-    # the same on every narrower one; a forced count is taken as it is.
+def test_int8_one_tile_kernels_take_the_fewest_sets_that_run_in_one_wave():
+    # 132 SMs, 4 CTAs each: 528 CTAs at once. Measured fastest on the wide layers; the two-tile
+    # kernel (M > 8) keeps small_m_split's rule.
     assert [a8_split(m, 14336, 4096) for m in (1, 8, 9, 16)] == [(2, 4), (2, 4), (4, 2), (4, 2)]
     assert [a8_split(m, 28672, 4096) for m in (1, 8, 9, 16)] == [(4, 2), (4, 2), (8, 1), (8, 1)]
+    assert a8_split(1, 24576, 4096) == a8_split(16, 24576, 4096) == (4, 2)  # 768 CTAs would take two waves
     assert a8_split(1, 13824, 2560) == (2, 4)
+    assert a8_split(1, 8448, 4096) == (1, 8)  # 528 CTAs: exactly one wave
+    assert a8_split(1, 8464, 4096) == (2, 4)
     assert a8_split(1, 4096, 14336) == a8_split(16, 4096, 14336) == (1, 8)
     assert a8_split(1, 6144, 4096) == (1, 8)
     assert a8_split(1, 28672, 4096, row_groups=8) == (8, 1)

@@ -58,20 +58,19 @@ struct SmallMSplit {
 };
 
 // `row_groups` <= 0 picks by the layer: the most sets (up to max_warps) that still leave at
-// least `min_ctas_per_2_sms` / 2 CTAs per SM (1.5 unless the caller asks for more); fewer leave
-// SMs idle at the end of the grid. On the H200 (benchmarks/sweep_tiles.py --kernel mma / mma_a8,
-// results/h200/sweep_mma*_row_sets.json) 1.5 takes 4 sets on 4096->14336 and 8 on 4096->28672
-// and keeps 1 on every narrower layer, where more sets measured slower.
+// least 1.5 CTAs per SM; fewer leave SMs idle at the end of the grid. On the H200
+// (benchmarks/sweep_tiles.py --kernel mma / mma_a8, results/h200/sweep_mma*_row_sets.json) that
+// takes 4 sets on 4096->14336 and 8 on 4096->28672 and keeps 1 on every narrower layer, where
+// more sets measured slower.
 constexpr int kSmallMMinCtasPer2Sms = 3;  // at least 3 CTAs per 2 SMs
-inline SmallMSplit small_m_split(int N, int K, int sms, int row_groups, int max_warps,
-                                 int min_ctas_per_2_sms = kSmallMMinCtasPer2Sms) {
+inline SmallMSplit small_m_split(int N, int K, int sms, int row_groups, int max_warps) {
   const int blocks = K / 128;
   int w = 1;  // warps for one set: at least two blocks each (K = 4096 -> 8 warps of 4 blocks)
   while (w < max_warps && blocks / (2 * w) >= 2) w *= 2;
   int r = row_groups;
   if (r <= 0) {
     r = 1;
-    while (2 * r <= max_warps && 2 * ((N + 32 * r - 1) / (32 * r)) >= min_ctas_per_2_sms * sms) r *= 2;
+    while (2 * r <= max_warps && 2 * ((N + 32 * r - 1) / (32 * r)) >= kSmallMMinCtasPer2Sms * sms) r *= 2;
   }
   const int warps_k = r >= w ? 1 : w / r;
   int log2 = 0;

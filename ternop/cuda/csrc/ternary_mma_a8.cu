@@ -50,15 +50,17 @@ constexpr int kMaxWarpsA8 = 8;
 constexpr int kDepthA8 = 2;
 constexpr int kDeepDepthA8 = 4;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
-// The one-tile kernels given quantized rows (M <= 8) keep at least three CTAs an SM
-// (small_m_split), twice what the two-tile one and cuda_mma keep: at M = 1..8 on the H200 that
-// halves the sets of 16 rows a CTA on the two widest 8B layers (4096->14336: 4 -> 2,
-// 4096->28672: 8 -> 4), 9-15% faster there in sweep_mma_a8_depth_d926bca.json and as fast as
-// the best count in sweep_mma_a8_split_2cb00c0.json; the two-tile kernel at M = 16 gained
-// nothing from it.
-// A CTA's weight loads then cover fewer rows at once (benchmarks/probe_weight_reads.cu: the same
-// bytes read by more, shorter CTAs reach more of the bandwidth).
-constexpr int kOneTileMinCtasPer2Sms = 6;
+// The one-tile kernels given quantized rows (M <= 8) take the fewest sets of 16 rows a CTA
+// whose CTAs all run at once, kOneTileCtasPerSm an SM (its __launch_bounds__), instead of
+// small_m_split's rule (the most sets that leave 1.5 CTAs an SM). On the H200 that is the set
+// count measured fastest on every layer timed (sweep_mma_a8_split_2cb00c0.json,
+// bench_decode_linears_*_fcb034d.json): 2 on 4096->14336 (448 CTAs; 4 sets: 10% slower), 4 on
+// 4096->28672 (448; 8 sets: 13%), 2 on 2560->13824 (432), 1 on every narrower layer; and 4 on
+// 4096->24576 (384), where two sets (768 CTAs, two waves) had the int8 linears of vLLM's
+// Qwen3-8B-shaped decode step at 1195 us a step at batch 1 (bench_vllm_decode_a8row_921b5bc)
+// against 1122 us with four (d926bca, another session's run).
+// More, shorter CTAs also read the weights faster (benchmarks/probe_weight_reads.cu).
+constexpr int kOneTileCtasPerSm = 4;
 // The fused form keeps the two-tile rule's split, with at most four sets a CTA: in
 // sweep_mma_a8_fused_split_2cb00c0.json four sets beat two by 4-10% on 4096->14336 (M = 2) and
 // 2560->13824, and beat eight by 7% on 4096->28672; each of its CTAs quantizes all of x first.
@@ -329,10 +331,13 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
   int sets = row_groups;
-  if (x != nullptr && sets <= 0) sets = min(small_m_split(N, K, sms, -1, kMaxWarpsA8).groups, kFusedMaxSets);
-  const bool one_tile_q8 = x == nullptr && M <= 8;
-  const SmallMSplit split = small_m_split(N, K, sms, sets, kMaxWarpsA8,
-                                          one_tile_q8 ? kOneTileMinCtasPer2Sms : kSmallMMinCtasPer2Sms);
+  if (sets <= 0 && x != nullptr) {
+    sets = min(small_m_split(N, K, sms, -1, kMaxWarpsA8).groups, kFusedMaxSets);
+  } else if (sets <= 0 && M <= 8) {
+    sets = 1;
+    while (2 * sets <= kMaxWarpsA8 && (N + 16 * sets - 1) / (16 * sets) > kOneTileCtasPerSm * sms) sets *= 2;
+  }
+  const SmallMSplit split = small_m_split(N, K, sms, sets, kMaxWarpsA8);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
