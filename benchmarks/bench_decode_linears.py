@@ -1,6 +1,6 @@
 """Times one decode step's ternary linears, every layer with its own weights, in one CUDA graph.
 
-    python benchmarks/bench_decode_linears.py [--family 8B|bitnet] [--ms 1 4 8] [--force N=SETS ...]
+    python benchmarks/bench_decode_linears.py [--family 8B|qwen3_8b|bitnet] [--ms 1 4 8] [--force N=SETS ...]
 
 ``sweep_tiles.py`` times one layer's kernel over and over; a decoder step instead runs each of
 its layers' four linears once, one after the other, and reads every weight once (1.7 GB for the
@@ -33,7 +33,8 @@ from stamp import git_commit  # noqa: E402
 
 # (K, N) of one layer's four linears (qkv, o, gate_up, down) and the number of layers.
 FAMILIES = {
-    "8B": ([(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)], 32),
+    "8B": ([(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)], 32),  # Llama-3-8B, bench_linear's 8B
+    "qwen3_8b": ([(4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096)], 36),  # bench_vllm's decode model
     "bitnet": ([(2560, 3840), (2560, 2560), (2560, 13824), (6912, 2560)], 30),
 }
 
