@@ -51,14 +51,14 @@ constexpr int kDepthA8 = 2;
 constexpr int kDeepDepthA8 = 4;
 constexpr uint32_t kTable = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
 // The one-tile kernels given quantized rows (M <= 8) take the fewest sets of 16 rows a CTA
-// whose CTAs all run at once, kOneTileCtasPerSm an SM (its __launch_bounds__), instead of
-// small_m_split's rule (the most sets that leave 1.5 CTAs an SM). On the H200 that is the set
-// count measured fastest on every layer timed (sweep_mma_a8_split_2cb00c0.json,
-// bench_decode_linears_*_fcb034d.json): 2 on 4096->14336 (448 CTAs; 4 sets: 10% slower), 4 on
-// 4096->28672 (448; 8 sets: 13%), 2 on 2560->13824 (432), 1 on every narrower layer; and 4 on
-// 4096->24576 (384), where two sets (768 CTAs, two waves) had the int8 linears of vLLM's
-// Qwen3-8B-shaped decode step at 1195 us a step at batch 1 (bench_vllm_decode_a8row_921b5bc)
-// against 1122 us with four (d926bca, another session's run).
+// whose CTAs all run at once, kOneTileCtasPerSm an SM (its __launch_bounds__ at the default
+// depth), instead of small_m_split's rule (the most sets that leave 1.5 CTAs an SM). On the
+// H200 that is the set count measured fastest on every layer timed
+// (sweep_mma_a8_split_2cb00c0.json, bench_decode_linears_*_fcb034d.json): 2 on 4096->14336
+// (448 CTAs; 4 sets: 10% slower), 4 on 4096->28672 (448; 8 sets: 13%), 2 on 2560->13824 (432),
+// 1 on every narrower layer; and 4 on 4096->24576 (384), where two sets (768 CTAs, two waves)
+// had the int8 linears of vLLM's Qwen3-8B-shaped decode step at 1195 us a step at batch 1
+// (bench_vllm_decode_a8row_921b5bc) against 1122 us with four (d926bca, another session's run).
 // More, shorter CTAs also read the weights faster (benchmarks/probe_weight_reads.cu).
 constexpr int kOneTileCtasPerSm = 4;
 // The fused form keeps the two-tile rule's split, with at most four sets a CTA: in
