@@ -35,8 +35,6 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    if os.environ.get("TERNOP_FUSE_QUANT", "1") == "0":
-        os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     from vllm import ModelRegistry
 
     from ternop.vllm_plugin import stack_chunks
@@ -50,6 +48,10 @@ def register() -> None:
 
     from ternop.vllm_plugin import _compat
     from ternop.vllm_plugin.config import TernaryConfig
+    from ternop.vllm_plugin.linear_method import FUSE_QUANT
+
+    if not FUSE_QUANT:
+        os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
 
     _compat.register_quantization_config("ternary", TernaryConfig)
     supported = set(ModelRegistry.get_supported_archs())
