@@ -8,15 +8,15 @@ its layers' four linears once, one after the other, and reads every weight once 
 (``ternop::linear_cuda_mma_a8`` given quantized rows, as vLLM's compiled graph calls it) and
 times it with the kernel's own split (``rule``) and with the sets of 16 rows a CTA forced per
 output width (``--force 28672=8``: every layer with N = 28672 takes eight sets; ``forced``). The
-two variants take turns, in a new random order each round; the report gives each one's median,
-min and max over the rounds, in microseconds per step, stamped with the commit.
+two variants take turns as in bench_linear (``time_rounds``: a new order each round, an untimed
+replay before each timed one); the report gives each one's median, min and max over the rounds,
+in microseconds per step, stamped with the commit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +28,7 @@ from ternop import layouts
 from ternop.activations import quantize_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_linear import make_weights  # noqa: E402
+from bench_linear import capture, make_weights, time_rounds  # noqa: E402
 from stamp import git_commit  # noqa: E402
 
 # (K, N) of one layer's four linears (qkv, o, gate_up, down) and the number of layers.
@@ -45,18 +45,7 @@ def _weights(k: int, n: int):
     return layouts.repack(packed, "a8"), scale[:, :1].contiguous()
 
 
-def _time_graph(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
-def run(family: str, ms: list[int], force: dict[int, int], rounds: int, replays: int) -> dict:
+def run(family: str, ms: list[int], force: dict[int, int], rounds: int) -> dict:
     shapes, layers = FAMILIES[family]
     weights = [[_weights(k, n) for k, n in shapes] for _ in range(layers)]
     op = torch.ops.ternop.linear_cuda_mma_a8
@@ -70,20 +59,9 @@ def run(family: str, ms: list[int], force: dict[int, int], rounds: int, replays:
                     q, qs = xs[k]
                     op(q, qs, p, s, None, torch.bfloat16, force.get(n, -1) if forced else -1, -1)
 
-        graphs = {}
-        for name, forced in (("rule", False), ("forced", True)):
-            step(forced)  # builds and warms outside the capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                step(forced)
-            graphs[name] = g
-        times = {name: [] for name in graphs}
-        for _ in range(rounds):
-            order = list(graphs)
-            random.shuffle(order)
-            for name in order:
-                times[name].append(_time_graph(graphs[name], replays))
+        graphs = {name: capture(lambda i, f=forced: step(f), 1)
+                  for name, forced in (("rule", False), ("forced", True))}
+        times = time_rounds(graphs, 1, replays=rounds)
         row = {"M": m}
         for name, ts in times.items():
             row[name] = {"median_us": round(statistics.median(ts), 2), "min_us": round(min(ts), 2),
@@ -97,7 +75,7 @@ def run(family: str, ms: list[int], force: dict[int, int], rounds: int, replays:
         del graphs
     return {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "family": family, "layers": layers, "shapes": shapes, "force": force, "rounds": rounds,
-            "replays": replays, "results": results}
+            "results": results}
 
 
 def _force(text: str) -> tuple[int, int]:
@@ -111,7 +89,6 @@ def main(argv=None) -> int:
     parser.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--force", type=_force, nargs="+", default=[], metavar="N=SETS")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -121,7 +98,7 @@ def main(argv=None) -> int:
                   torch.zeros(128, 32, dtype=torch.uint8, device="cuda"),
                   torch.ones(128, 1, dtype=torch.float16, device="cuda"))  # builds the extension
     with torch.inference_mode():
-        report = run(args.family, args.ms, dict(args.force), args.rounds, args.replays)
+        report = run(args.family, args.ms, dict(args.force), args.rounds)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

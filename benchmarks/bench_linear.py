@@ -103,9 +103,15 @@ def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
 
 
 def time_interleaved(graphs: dict, calls: int, replays: int = 7, warmup: int = 2) -> dict:
-    """name -> median microseconds per call; per round, each graph in turn is replayed twice and
-    the second replay timed. Each round takes the graphs in its own order (a shuffle seeded by
-    the round's number), so that no implementation always follows the same one."""
+    """name -> median microseconds per call over :func:`time_rounds`."""
+    return {name: statistics.median(t) for name, t in time_rounds(graphs, calls, replays, warmup).items()}
+
+
+def time_rounds(graphs: dict, calls: int, replays: int = 7, warmup: int = 2) -> dict:
+    """name -> microseconds per call in each of ``replays`` rounds after ``warmup`` untimed ones; per
+    round, each graph in turn is replayed twice and the second replay timed. Each round takes the
+    graphs in its own order (a shuffle seeded by the round's number), so that no implementation
+    always follows the same one."""
     times = {name: [] for name in graphs}
     for r in range(warmup + replays):
         order = list(graphs)
@@ -120,7 +126,7 @@ def time_interleaved(graphs: dict, calls: int, replays: int = 7, warmup: int = 2
             end.synchronize()
             if r >= warmup:
                 times[name].append(start.elapsed_time(end) * 1000.0 / calls)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def time_graph(fn, calls: int, replays: int = 7, warmup: int = 2) -> float:
