@@ -6,6 +6,7 @@
 //           per 128-wide block (bytes 32b + 8q of the row): each load instruction touches eight
 //           rows, 32 bytes each, and a row's next 32 bytes are read one block later.
 //   tiles:  the same 512 bytes per (16 rows, block), stored contiguously, one 16-byte load a lane.
+//   persist: the v1 / a8 loads from a few CTAs an SM, each walking row groups a grid apart.
 //   stream: every thread of a plain grid reads 16-byte vectors in order (what a copy reaches).
 //
 // Each kernel XORs what it read into one word per warp, so nothing is optimised away. Weights
@@ -116,12 +117,10 @@ __global__ void __launch_bounds__(kWarps * 32, 4) tiles_kernel(const uint8_t* __
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 4) persistent_kernel(const uint8_t* __restrict__ w, int N, int K,
                                                                     int warps_log2, uint32_t* sink) {
-  const int warps = 1 << warps_log2, sets = blockDim.x >> (5 + warps_log2);
-  const int set = threadIdx.x >> (5 + warps_log2), warp = (threadIdx.x >> 5) & (warps - 1);
+  const WarpWork ww = warp_work(N, K, warps_log2);  // its n0 / 16 is this warp's first group
+  const int b_begin = ww.b_begin, count = ww.count;
   const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int blocks = K / 128, per_warp = (blocks + warps - 1) / warps;
-  const int b_begin = min(warp * per_warp, blocks), count = min(per_warp, blocks - b_begin);
-  const int n_groups = (N + 15) / 16, first = blockIdx.x * sets + set, stride = gridDim.x * sets;
+  const int n_groups = (N + 15) / 16, first = ww.n0 / 16, stride = gridDim.x * (blockDim.x >> (5 + warps_log2));
   if (count <= 0 || first >= n_groups) return;
   const int mine = (n_groups - first + stride - 1) / stride;
   const int steps = mine * count;
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) persistent_kernel(const uint8_
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-// U 16-byte loads in flight a thread (vecs a multiple of the grid's threads times U).
+// U 16-byte loads in flight a thread.
 template <int U>
 __global__ void stream_kernel(const uint4* __restrict__ w, size_t vecs, uint32_t* sink) {
   uint32_t acc = 0;
