@@ -97,11 +97,10 @@ _BIG = 1 << 62
 # shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
 # - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
 #   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels.
-# - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8 where M * N * K <= 2^25 (registry.py): the
+# - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8 (registry.py says why on every layer): the
 #   same kernel quantizing x itself, one launch instead of two. bench_linear at c4e4123 on the
 #   H200, M = 1: 0.4-0.9 us faster on the 0.6B shapes and 4096 x 4096 (against cuBLAS bf16,
-#   1.21x -> 1.44x on 1024 -> 4096, 2.83x -> 3.52x on 2048 -> 1024); slower on the wider 8B
-#   shapes, where N / 16 CTAs each re-read x.
+#   1.21x -> 1.44x on 1024 -> 4096, 2.83x -> 3.52x on 2048 -> 1024).
 # - cuda_gemv (CUDA cores) keeps M <= 2 for what cuda_mma declines (fp32 x).
 # - cuda_mma_tiles (a16 layout) from M = 17 to 64 on the layers cuda_wgmma leaves (N * K < 2^24 or
 #   K < 2048, and from M = 33 only the K = 1024 layers with N * K < 2^22): benchmarks/sweep_tiles.py at

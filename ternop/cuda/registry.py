@@ -50,10 +50,14 @@ CUDA_MMA_MAX_M = 16
 # The fused quantization of ternary_mma_a8.cu keeps x's int8 rows in shared memory.
 CUDA_MMA_A8_FUSED_MAX_M = 2
 CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024
-# Every CTA (16 weight rows) re-reads x, M * K elements: N / 16 * M * K in all. Past
-# M * N * K = 2^25 that costs more than the quantization launch it saves (bench_linear on the
-# H200: 0.4-0.9 us faster up to 4096 x 4096 at M = 1, 0.6-3 us slower on 4096 -> 14336 and wider).
-CUDA_MMA_A8_FUSED_MAX_MNK = 1 << 25
+# It takes every layer at M <= 2. Up to e371303 it stopped at M * N * K = 2^25: each CTA re-reads
+# x, and with the rule's many CTAs that cost more than the quantization launch it saves on the
+# wide layers (bench_linear on the H200 at c4e4123: 0.6-3 us slower from 4096 -> 14336). Since
+# 921b5bc its CTAs take four sets of 16 rows (ternary_mma_a8.cu, kFusedMaxSets), and in
+# sweep_mma_a8_fused_cap_921b5bc.json it ran 2.87x and 3.95x of cuBLAS bf16 at M = 1 on
+# 4096 -> 14336 and 28672, where the separate launch and the kernel given quantized rows took
+# about 2 us more a layer (the Triton quantization launch: 2.06 us a call in vLLM's batch-1
+# decode profile, bench_vllm_decode_a8row_e371303.json).
 TENSOR_CORE_MIN_CAPABILITY = (8, 0)
 # wgmma runs on sm_90a cubins, which only compute capability 9.0 loads.
 WGMMA_CAPABILITY = (9, 0)
@@ -369,9 +373,6 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
                        f"and M * K <= {CUDA_MMA_A8_FUSED_MAX_BYTES}")  # fmt: skip
     if call.quantized:
         return False, "x arrives quantized (ternop::linear_q8); this kernel quantizes x itself"
-    if call.m * call.n * call.k > CUDA_MMA_A8_FUSED_MAX_MNK and not _forced("cuda_mma_a8_fused"):
-        return False, (f"M * N * K = {call.m * call.n * call.k} is above {CUDA_MMA_A8_FUSED_MAX_MNK}, where every "
-                       "CTA re-reading x costs more than the quantization launch")  # fmt: skip
     why = _mma_bucket("cuda_mma_a8_fused", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why

@@ -763,6 +763,11 @@ def test_linear_cuda_a8_fused_quantization_equals_the_separate_one(monkeypatch, 
     ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, layouts.repack(v1, "a8"), scale, bits=8,
                                                                      layout="a8"))
     assert not ok and "M <= 2" in why
+    v1, scale = _weights(28672, 4096)  # the widest 8B layer: taken at M <= 2 as every other
+    x = torch.randn(1, 4096, device="cuda", dtype=dtype)
+    ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, layouts.repack(v1, "a8"), scale, bits=8,
+                                                                     layout="a8"))
+    assert ok, why
 
 
 def test_linear_cuda_a8_never_falls_back(monkeypatch):
