@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
         [--profile] [--pyprofile] [--control] [--cpus LIST|all] [--repeats 5] [--decode-runs 3]
-        [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused]
+        [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused | --a8-unfused-only]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -32,7 +32,8 @@ Workloads (random weights; speed does not depend on their values):
           folder's weight files, with "activation_bits": 8 in its config (with --a8-scales row, a
           checkpoint of its own whose blocks share one scale a row: ternary_a8_row). --no-a16 and
           --no-a8 leave a ternary model out, as for embed; --a8-unfused adds each int8 model
-          once more with TERNOP_FUSE_QUANT=0 ("<name>_unfused"), as for embed and bitnet.
+          once more with TERNOP_FUSE_QUANT=0 ("<name>_unfused"), as for embed and bitnet;
+          --a8-unfused-only runs only that one of the two (decode, bitnet).
 - bitnet: a BitNet-b1.58-2B-4T-shaped BitNetForCausalLM (hidden 2560, 30 layers, 20/5 heads,
           head_dim 128, intermediate 6912, vocab 128256, squared-ReLU MLP, the two sub-norms per
           layer, tied embeddings), random ternary weights with int8 activations and one scale a
@@ -656,8 +657,11 @@ def run_decode(args, work: Path, report: dict, workload: str) -> None:
             ("ternary_a8", write_model(work / "bitnet-ternary-a8", shape, ternary=True, dtype_name=dtype,
                                        activation_bits=8, arch="bitnet", row_scales=True), False),  # fmt: skip
         ]
-    if args.a8_unfused:  # each int8 model once more, its activations quantized inside ternop::linear
-        models += [(name + "_unfused", folder, False) for name, folder, _ in models if name.startswith("ternary_a8")]
+    if args.a8_unfused or args.a8_unfused_only:  # each int8 model (again), quantizing inside ternop::linear
+        unfused = [(name + "_unfused", folder, False) for name, folder, _ in models if name.startswith("ternary_a8")]
+        if args.a8_unfused_only:
+            models = [m for m in models if not m[0].startswith("ternary_a8")]
+        models += unfused
     res = report[workload] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                               "decode_runs": args.decode_runs, "models": [m[0] for m in models]}  # fmt: skip
     if workload == "bitnet":
@@ -740,6 +744,8 @@ def main() -> None:
                         help="also run the int8 model with TERNOP_FUSE_QUANT=0 (x quantized inside the op, not by "
                              "the compiled graph or by BitNet's norms): interleaved with the others for embed, "
                              "after them for decode and bitnet")  # fmt: skip
+    parser.add_argument("--a8-unfused-only", action="store_true",
+                        help="decode, bitnet: as --a8-unfused, without the int8 model that quantizes in the graph")
     parser.add_argument("--control", action="store_true",
                         help="embed: also run the bf16 model in a second engine (bf16_control), an A/A "
                              "comparison that shows what the method reports between two equal models")
