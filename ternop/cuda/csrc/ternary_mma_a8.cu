@@ -69,11 +69,12 @@ constexpr int kFusedMaxM = 2;             // rows the fused quantization takes
 constexpr int kFusedMaxBytes = 40 * 1024;  // its shared int8 copy of x, M * K bytes (with the static
                                            // shared memory, under the 48 KiB a launch may take unasked)
 
-// A 16-byte vector of T, as floats.
+// The 16-byte vectors of a contiguous row of T, as floats.
 template <typename T>
 struct Vec16 {
   static constexpr int kN = 16 / sizeof(T);
-  __device__ __forceinline__ static void unpack(const uint4& raw, float (&f)[kN]) {
+  __device__ __forceinline__ static void load(const T* p, float (&f)[kN]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
     T v[kN];
     memcpy(v, &raw, 16);
 #pragma unroll
@@ -81,86 +82,54 @@ struct Vec16 {
   }
 };
 
-// Vectors of x a thread loads at once, and keeps in registers from the absmax pass to the
-// rounding pass when they are all of its share (K <= 4096 at M = 2, 8192 at M = 1, 256 threads).
-constexpr int kQuantVecs = 4;
-
-// Loads vectors base, base + stride, ... (kQuantVecs of them, those below `vecs`) of x, all
-// issued before any is used: one memory latency for the lot.
-__device__ __forceinline__ void load_x_vecs(const uint4* __restrict__ x, int base, int stride, int vecs,
-                                            uint4 (&v)[kQuantVecs]) {
-#pragma unroll
-  for (int i = 0; i < kQuantVecs; ++i)
-    if (base + i * stride < vecs) v[i] = __ldg(x + base + i * stride);
-}
-
 // Per-token int8 quantization of x [M, K] (ternop/activations.py) by the whole CTA: xq [M, K]
-// in shared memory, s_x[m] = amax / 127. x is read as one flat run of M * K / kN vectors (rows
-// are whole vectors, K being a multiple of 128). `scratch` holds one float per (warp, row). Two
-// barriers: every thread derives the rows' 127 / amax itself from the warps' maxima.
+// in shared memory, s_x[m] = amax / 127. `scratch` holds one float per (warp, row).
 template <typename T>
 __device__ __forceinline__ void quantize_rows_shared(const T* __restrict__ x, int M, int K, int8_t* xq, float* s_x,
                                                      float (&scratch)[kMaxWarpsA8][kFusedMaxM]) {
-  static_assert(kFusedMaxM == 2, "a vector's row is 0 or 1");
   constexpr int kN = Vec16<T>::kN;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32, stride = blockDim.x;
-  const int row_vecs = K / kN, vecs = M * row_vecs;
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  uint4 v[kQuantVecs];
-  float amax[kFusedMaxM] = {0.f, 0.f};
-  for (int base = threadIdx.x; base < vecs; base += kQuantVecs * stride) {
-    load_x_vecs(xv, base, stride, vecs, v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int vecs = K / kN;  // K is a multiple of 128, so rows are whole vectors
+  __shared__ float inv_s[kFusedMaxM];
+  for (int m = 0; m < M; ++m) {
+    const T* row = x + static_cast<size_t>(m) * K;
+    float amax = 0.f;
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+      float f[kN];
+      Vec16<T>::load(row + v * kN, f);
 #pragma unroll
-    for (int i = 0; i < kQuantVecs; ++i) {
-      const int at = base + i * stride;
-      if (at < vecs) {
-        float f[kN];
-        Vec16<T>::unpack(v[i], f);
-        float a = 0.f;
-#pragma unroll
-        for (int j = 0; j < kN; ++j) a = fmaxf(a, fabsf(f[j]));
-        if (at < row_vecs) amax[0] = fmaxf(amax[0], a);
-        else amax[1] = fmaxf(amax[1], a);
-      }
+      for (int i = 0; i < kN; ++i) amax = fmaxf(amax, fabsf(f[i]));
     }
-  }
 #pragma unroll
-  for (int m = 0; m < kFusedMaxM; ++m) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) amax[m] = fmaxf(amax[m], __shfl_xor_sync(0xffffffffu, amax[m], o));
-    if (lane == 0) scratch[warp][m] = amax[m];
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) scratch[warp][m] = amax;
   }
   __syncthreads();
-  float inv[kFusedMaxM];
-#pragma unroll
-  for (int m = 0; m < kFusedMaxM; ++m) {
-    float a = scratch[0][m];
-    for (int w = 1; w < warps; ++w) a = fmaxf(a, scratch[w][m]);
+  if (threadIdx.x < M) {
+    const int m = threadIdx.x;
+    float amax = scratch[0][m];
+    for (int w = 1; w < warps; ++w) amax = fmaxf(amax, scratch[w][m]);
     // IEEE divisions, as the spec (no reciprocal approximation).
-    inv[m] = a > 0.f ? __fdiv_rn(127.f, a) : 0.f;
-    if (threadIdx.x == 0 && m < M) s_x[m] = __fdiv_rn(a, 127.f);
+    inv_s[m] = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    s_x[m] = __fdiv_rn(amax, 127.f);
   }
-  const bool held = vecs <= kQuantVecs * stride;  // v[] still holds this thread's whole share
-  for (int base = threadIdx.x; base < vecs; base += kQuantVecs * stride) {
-    if (!held) load_x_vecs(xv, base, stride, vecs, v);  // from L1, where the first pass left it
+  __syncthreads();
+  for (int m = 0; m < M; ++m) {
+    const T* row = x + static_cast<size_t>(m) * K;
+    const float inv = inv_s[m];
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+      float f[kN];
+      Vec16<T>::load(row + v * kN, f);
+      uint32_t words[kN / 4] = {};
 #pragma unroll
-    for (int i = 0; i < kQuantVecs; ++i) {
-      const int at = base + i * stride;
-      if (at < vecs) {
-        float f[kN];
-        Vec16<T>::unpack(v[i], f);
-        const float r_inv = at < row_vecs ? inv[0] : inv[1];
-        uint32_t words[kN / 4] = {};
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          // Round half to even of the fp32 product, then clamp: torch.round(x * inv).clamp(-127, 127).
-          const int r = min(127, max(-127, __float2int_rn(__fmul_rn(f[j], r_inv))));
-          words[j / 4] |= (static_cast<uint32_t>(r) & 0xFFu) << (8 * (j % 4));
-        }
-        uint32_t* dst = reinterpret_cast<uint32_t*>(xq + static_cast<size_t>(at) * kN);
-#pragma unroll
-        for (int w = 0; w < kN / 4; ++w) dst[w] = words[w];
+      for (int i = 0; i < kN; ++i) {
+        // Round half to even of the fp32 product, then clamp: torch.round(x * inv).clamp(-127, 127).
+        const int r = min(127, max(-127, __float2int_rn(__fmul_rn(f[i], inv))));
+        words[i / 4] |= (static_cast<uint32_t>(r) & 0xFFu) << (8 * (i % 4));
       }
+      uint32_t* dst = reinterpret_cast<uint32_t*>(xq + static_cast<size_t>(m) * K + v * kN);
+#pragma unroll
+      for (int w = 0; w < kN / 4; ++w) dst[w] = words[w];
     }
   }
   __syncthreads();
