@@ -28,9 +28,11 @@ def register() -> None:
     (:mod:`ternop.vllm_plugin.stack_chunks`; ``TERNOP_KEEP_STACK_CHUNKS=0`` turns that off); a
     failure to build that allocator is reported as a warning and changes nothing else.
 
-    With ``TERNOP_FUSE_QUANT=0`` it sets ``VLLM_DISABLE_COMPILE_CACHE=1`` unless that is set: the
-    variable changes the graph vLLM compiles, but not the key of vLLM's compile cache, so a
-    graph compiled under the other setting would be loaded from the cache instead.
+    With ``TERNOP_FUSE_QUANT`` set (0 or 1) it sets ``VLLM_DISABLE_COMPILE_CACHE=1`` unless that
+    is set: the variable changes the graph vLLM compiles (where int8 layers quantize x,
+    ``linear_method.quant_in_graph``), but not the key of vLLM's compile cache, so a graph
+    compiled under another setting would be loaded from the cache instead. Unset, the choice
+    follows the model's runner, which the key holds.
     """
     global _registered
     if _registered:
@@ -48,9 +50,9 @@ def register() -> None:
 
     from ternop.vllm_plugin import _compat
     from ternop.vllm_plugin.config import TernaryConfig
-    from ternop.vllm_plugin.linear_method import FUSE_QUANT
+    from ternop.vllm_plugin.linear_method import FUSE_QUANT_SETTING
 
-    if not FUSE_QUANT:
+    if FUSE_QUANT_SETTING:
         os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
 
     _compat.register_quantization_config("ternary", TernaryConfig)
@@ -67,7 +69,9 @@ def linear_methods(model) -> dict[str, int]:
     Pass it to ``LLM.apply_model``; it lives here, importable, so that vLLM's worker
     processes can unpickle it. Example: ``{"TernaryLinearMethod": 24, "UnquantizedLinearMethod": 2}``.
     Norms that hand int8 rows straight to the next layer (the BitNet models' norms with int8
-    activations, ``ternop::rms_norm_quant``) are counted as ``"rms_norm_quant"``.
+    activations, ``ternop::rms_norm_quant``) are counted as ``"rms_norm_quant"``, and ternary
+    layers with int8 activations as ``"int8_quantized_in_graph"`` or ``"int8_quantized_in_op"``,
+    by where a compiled model quantizes their x (``linear_method.quant_in_graph``).
     """
     counts: dict[str, int] = {}
     for module in model.modules():
@@ -77,6 +81,9 @@ def linear_methods(model) -> dict[str, int]:
             counts[name] = counts.get(name, 0) + 1
         if getattr(module, "quantize_in_norm", False):
             counts["rms_norm_quant"] = counts.get("rms_norm_quant", 0) + 1
+        if getattr(module, "ternop_activation_bits", None) == 8:
+            where = "int8_quantized_in_graph" if module.ternop_quant_in_graph else "int8_quantized_in_op"
+            counts[where] = counts.get(where, 0) + 1
     return counts
 
 

@@ -13,17 +13,26 @@ a weight reload loads v1 bytes again and is repacked again. With int8 activation
 whose rows each share one scale also keeps that scale as ``ternop_row_scale`` [N, 1], the
 form the W2A8 kernels sum over all of K (``ternop.activations``).
 
-With int8 activations in a compiled model (vLLM's default), ``apply`` quantizes x with the
-plain torch ops of ``ternop.activations.quantize_rows`` and calls ``ternop::linear_q8`` on
-the int8 rows: Inductor then fuses the quantization into the RMSNorm or activation that
-produces x, instead of a separate pass over x inside the op. Given the same x, the result is
-the same bits either way; but in the fused kernel Inductor computes that x itself, and its
-rounding of a norm in bf16 can differ from the unfused graph's in the last bit (on the CPU
-about 3% of the int8 values moved by one step), as compiled norms already differ from eager
-ones. ``TERNOP_FUSE_QUANT=0`` keeps the quantization inside ``ternop::linear``.
+With int8 activations, x is quantized per token in one of two places (:func:`quant_in_graph`):
+
+- **in the compiled graph**, the default of pooling (embedding) models: ``apply`` quantizes x
+  with the plain torch ops of ``ternop.activations.quantize_rows`` and calls
+  ``ternop::linear_q8`` on the int8 rows, and Inductor fuses the quantization into the RMSNorm
+  or activation that produces x, instead of a separate pass over x. Given the same x, the
+  result is the same bits either way; but in the fused kernel Inductor computes that x itself,
+  and its rounding of a norm in bf16 can differ from the unfused graph's in the last bit (on
+  the CPU about 3% of the int8 values moved by one step), as compiled norms already differ
+  from eager ones.
+- **inside ``ternop::linear``**, the default of generating models: at M <= 2 the CUDA kernel
+  quantizes x itself, in the same launch. At decode batch sizes Inductor's fused norm and
+  quantization is a one-program reduction per row, slower than the norm alone plus ternop's
+  quantization (docs/VLLM_SPEED.md: a Qwen3-8B-shaped decode step on the H200 measured 2.52-2.55
+  ms at batch 1 this way, 2.79 ms with the quantization in the graph).
+
+``TERNOP_FUSE_QUANT=1`` (in the graph) or ``0`` (inside the op) overrides the default.
 
 ``apply`` also takes :class:`ternop.activations.QuantizedRows`: int8 rows that the norm before
-the layer already made (``ternop::rms_norm_quant``, BitNet's sub-norms), passed to
+the layer already made (``ternop::rms_norm_quant``, BitNet's norms), passed to
 ``ternop::linear_q8`` as they are. ``TERNOP_FUSE_QUANT=0`` turns that off as well.
 """
 
@@ -46,9 +55,30 @@ from ternop.vllm_plugin._compat import (
 
 _EXPECTED = {"weight_packed": (PACKED_DTYPE, CODES_PER_BYTE), "weight_scale": (SCALE_DTYPE, BLOCK_SIZE)}
 
-# Whether compiled W2A8 layers quantize x in the graph, where Inductor can fuse it (read once,
-# at import; vLLM's workers import the plugin after their environment is set).
-FUSE_QUANT = os.environ.get("TERNOP_FUSE_QUANT", "1") != "0"
+# TERNOP_FUSE_QUANT as set (read once, at import; vLLM's workers import the plugin after their
+# environment is set): "" (unset) leaves the choice to quant_in_graph.
+FUSE_QUANT_SETTING = os.environ.get("TERNOP_FUSE_QUANT", "").strip()
+# Whether int8 rows may be made outside ternop::linear at all: in the graph, or by a norm.
+FUSE_QUANT = FUSE_QUANT_SETTING != "0"
+
+
+def quant_in_graph(runner: str | None, setting: str = FUSE_QUANT_SETTING) -> bool:
+    """Whether a compiled W2A8 layer of a model built for vLLM's ``runner`` ("generate", "draft",
+    "pooling"; None outside vLLM's model construction) quantizes x in the graph (True) or inside
+    ``ternop::linear`` (False). ``setting`` is ``TERNOP_FUSE_QUANT``: "0" inside the op, any other
+    value in the graph; unset, generating models (decode: a few tokens a step) quantize inside
+    the op and all others in the graph."""
+    if setting:
+        return setting != "0"
+    return runner not in ("generate", "draft")
+
+
+def _runner() -> str | None:
+    """The runner of the model vLLM is building, or None outside its model construction."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    return getattr(getattr(config, "model_config", None), "runner_type", None)
 
 
 def _checked_loader(weight_loader, prefix: str, name: str, input_size: int):
@@ -123,6 +153,7 @@ class TernaryLinearMethod(LinearMethodBase):
         layer.register_parameter("weight_scale", weight_scale)
         layer.ternop_prefix = prefix
         layer.ternop_act_dtype = params_dtype
+        layer.ternop_quant_in_graph = quant_in_graph(_runner())
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Checks the loaded codes and scales; casts the bias to the activation dtype once.
@@ -167,7 +198,7 @@ class TernaryLinearMethod(LinearMethodBase):
                 raise ValueError(f"{name}: got int8 rows, but its checkpoint has "
                                  f"activation_bits={layer.ternop_activation_bits}")  # fmt: skip
             rows = x
-        elif layer.ternop_activation_bits == 8 and FUSE_QUANT and torch.compiler.is_compiling():
+        elif layer.ternop_activation_bits == 8 and layer.ternop_quant_in_graph and torch.compiler.is_compiling():
             rows = QuantizedRows(*quantize_rows(x), x.dtype)
         else:
             return torch.ops.ternop.linear(x, layer.weight_packed, scale, bias, layer.ternop_activation_bits,

@@ -31,6 +31,7 @@ def test_register_is_idempotent_and_makes_ternary_known():
 
 @pytest.mark.parametrize(("env", "expected"), [
     ({"TERNOP_FUSE_QUANT": "0"}, "1"),  # a graph cached under the default setting must not be loaded
+    ({"TERNOP_FUSE_QUANT": "1"}, "1"),  # nor for a generating model, whose default is the other place
     ({"TERNOP_FUSE_QUANT": "0", "VLLM_DISABLE_COMPILE_CACHE": "0"}, "0"),  # the user's own choice stays
     ({}, None),
 ])
@@ -42,6 +43,17 @@ def test_register_keeps_the_compile_cache_from_mixing_quantization_settings(env,
                          env={**base, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == [str(expected), str(expected == "1")]
+
+
+@pytest.mark.parametrize(("runner", "setting", "in_graph"), [
+    ("pooling", "", True), (None, "", True),  # embedding models, and TernaryLinear outside vLLM's construction
+    ("generate", "", False), ("draft", "", False),  # decode: ternop quantizes inside the op
+    ("generate", "1", True), ("pooling", "0", False), ("pooling", "1", True), ("generate", "0", False),
+])
+def test_where_int8_layers_quantize_follows_the_runner_unless_set(runner, setting, in_graph):
+    from ternop.vllm_plugin.linear_method import quant_in_graph
+
+    assert quant_in_graph(runner, setting) is in_graph
 
 
 def test_import_ternop_does_not_import_vllm():
