@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
         [--profile] [--pyprofile] [--control] [--cpus LIST|all] [--repeats 5] [--decode-runs 3]
-        [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused | --a8-unfused-only]
+        [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused | --a8-unfused-only] [--a8-in-graph]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -33,7 +33,11 @@ Workloads (random weights; speed does not depend on their values):
           checkpoint of its own whose blocks share one scale a row: ternary_a8_row). --no-a16 and
           --no-a8 leave a ternary model out, as for embed; --a8-unfused adds each int8 model
           once more with TERNOP_FUSE_QUANT=0 ("<name>_unfused"), as for embed and bitnet;
-          --a8-unfused-only runs only that one of the two (decode, bitnet).
+          --a8-unfused-only runs only that one of the two (decode, bitnet). The int8 engines
+          without the variable take the plugin's default, which for these generating models
+          quantizes inside the op (ternop.vllm_plugin.linear_method.quant_in_graph) as
+          TERNOP_FUSE_QUANT=0 does; --a8-in-graph adds each once more with TERNOP_FUSE_QUANT=1
+          ("<name>_in_graph": in the compiled graph, the default of the embedding models).
 - bitnet: a BitNet-b1.58-2B-4T-shaped BitNetForCausalLM (hidden 2560, 30 layers, 20/5 heads,
           head_dim 128, intermediate 6912, vocab 128256, squared-ReLU MLP, the two sub-norms per
           layer, tied embeddings), random ternary weights with int8 activations and one scale a
@@ -657,17 +661,20 @@ def run_decode(args, work: Path, report: dict, workload: str) -> None:
             ("ternary_a8", write_model(work / "bitnet-ternary-a8", shape, ternary=True, dtype_name=dtype,
                                        activation_bits=8, arch="bitnet", row_scales=True), False),  # fmt: skip
         ]
+    a8_models = [(name, folder) for name, folder, _ in models if name.startswith("ternary_a8")]
+    if args.a8_unfused_only:
+        models = [m for m in models if not m[0].startswith("ternary_a8")]
     if args.a8_unfused or args.a8_unfused_only:  # each int8 model (again), quantizing inside ternop::linear
-        unfused = [(name + "_unfused", folder, False) for name, folder, _ in models if name.startswith("ternary_a8")]
-        if args.a8_unfused_only:
-            models = [m for m in models if not m[0].startswith("ternary_a8")]
-        models += unfused
+        models += [(name + "_unfused", folder, False) for name, folder in a8_models]
+    if args.a8_in_graph:  # each int8 model again, quantizing in the compiled graph
+        models += [(name + "_in_graph", folder, False) for name, folder in a8_models]
     res = report[workload] = {"shape": shape, "linear_bytes_by_shape": _file_linear_bytes(shape),
                               "decode_runs": args.decode_runs, "models": [m[0] for m in models]}  # fmt: skip
     if workload == "bitnet":
         res["baseline"] = "LlamaForCausalLM, same widths, depth, heads, vocab and tied embeddings (dummy load)"
     for name, folder, dummy in models:
         env = {"TERNOP_FUSE_QUANT": "0"} if name.endswith("_unfused") else None
+        env = {"TERNOP_FUSE_QUANT": "1"} if name.endswith("_in_graph") else env
         res[name] = _run_worker("decode", folder, args, dummy=dummy, env=env)
         _save(report, args.out)
     # A speed-up: bf16 time over ternary time.
@@ -745,7 +752,10 @@ def main() -> None:
                              "the compiled graph or by BitNet's norms): interleaved with the others for embed, "
                              "after them for decode and bitnet")  # fmt: skip
     parser.add_argument("--a8-unfused-only", action="store_true",
-                        help="decode, bitnet: as --a8-unfused, without the int8 model that quantizes in the graph")
+                        help="decode, bitnet: as --a8-unfused, without the int8 model under the plugin's default")
+    parser.add_argument("--a8-in-graph", action="store_true",
+                        help="decode, bitnet: also run each int8 model with TERNOP_FUSE_QUANT=1 (x quantized in "
+                             "the compiled graph, where Inductor fuses it into the norm before), '<name>_in_graph'")
     parser.add_argument("--control", action="store_true",
                         help="embed: also run the bf16 model in a second engine (bf16_control), an A/A "
                              "comparison that shows what the method reports between two equal models")
