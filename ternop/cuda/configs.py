@@ -290,6 +290,27 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
     return ""
 
 
+# cuda_wgmma_a8 with a scale per row (its int32 sums run over all of K, no per-block scaling) takes
+# the K >= 4096 layers from its floor (M = 17) where its 64-token tiles of 128 weight rows keep at
+# least three quarters of the SMs busy; dequant_a8 goes first from M = 2048. Below that fill, and on
+# the short-K 0.6B layers at any M, triton_a8 was faster: sweep_wgmma_a8_row_0da2207.json against
+# triton_a8's row form in bench_linear_3c8c22a.json (two runs); the same-run comparison is the
+# --below-floors run cited in docs/KERNELS.md ("The Hopper int8 kernel at mid M").
+WGMMA_A8_ROW_MIN_K = 4096
+
+
+def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
+    """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
+    if k < WGMMA_A8_ROW_MIN_K:
+        return f"row scales at K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K}"
+    ctas = -(-n // 128) * -(-m // 64)
+    sms = sm_count(device)
+    if 4 * ctas < 3 * sms:
+        return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under three "
+                f"quarters of them; triton_a8 is faster there")  # fmt: skip
+    return ""
+
+
 def wgmma_wide_layer(n: int, k: int) -> bool:
     """Whether cuda_wgmma beats cuda_mma on this layer at M = WGMMA_WIDE_MIN_M..WGMMA_WIDE_MAX_M (see above)."""
     return n >= WGMMA_WIDE_N_OVER_K * k and n * k >= WGMMA_WIDE_MIN_NK and k >= WGMMA_SMALL_M_MIN_K

@@ -10,7 +10,7 @@ Order (lower priority first):
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up | int8 (any float x) | all |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales when ``dequant_a8`` declines, or when forced | int8 (any float x) | a8 |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales on the K >= 4096 layers from M = 17 where its CTAs fill the GPU and ``dequant_a8`` declines, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -403,9 +403,6 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 WGMMA_A8_OFF = "cuda_wgmma_a8 is not faster than triton_a8 on most shapes (results/h200/sweep_wgmma_a8.json)"
-# Where the Hopper W2A8 kernel takes row-scaled calls unforced (see _can_cuda_wgmma_a8).
-WGMMA_A8_ROW_MIN_M = 2048
-WGMMA_A8_ROW_MIN_K = 4096
 
 
 def _hopper_wgmma(call: backends.LinearCall) -> str:
@@ -436,14 +433,9 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         return ok, why
     why = _hopper_wgmma(call)
     if not why and not _forced("cuda_wgmma_a8") and call.weight_scale.shape[1] == 1:
-        # Row scales: ahead of triton_a8's row form only on the wide layers at large M
-        # (sweep_wgmma_a8_row_0da2207.log and bench_linear_row_356497c.json on the H200: 0.97-1.30x
-        # of cuBLAS bf16 at M >= 2048 with K = 4096 against 1.06-1.08x for triton_a8; 0.5-0.7x
-        # against 0.66-0.88x on the 0.6B layers, K <= 3072). dequant_a8 goes first and takes most
-        # of these calls; this kernel keeps those it declines (too few output tiles).
-        if call.m < WGMMA_A8_ROW_MIN_M or call.k < WGMMA_A8_ROW_MIN_K:
-            why = (f"row scales at M={call.m}, K={call.k}: triton_a8 is faster below M={WGMMA_A8_ROW_MIN_M} "
-                   f"or K={WGMMA_A8_ROW_MIN_K}")  # fmt: skip
+        # Row scales: the K >= 4096 layers where its CTAs fill the GPU (configs.wgmma_a8_row_declines
+        # cites the runs); dequant_a8 goes first from M = 2048 and takes most of the calls there.
+        why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device)
     elif not why and not _forced("cuda_wgmma_a8"):
         # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on
         # the 0.6B layers and 0.76-0.90x on the 8B ones, where bench_linear.json's triton_a8 (576215d) runs

@@ -234,30 +234,40 @@ def test_wgmma_declines_follows_its_constants():
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     """With a scale per 128 weights the int8 Hopper kernel did not beat triton_a8 on the H200, so the
     dispatcher passes it over with that reason even where everything it needs is present; forcing
-    it still runs it. With a scale per row it is the kernel of choice at M >= 2048 and K >= 4096."""
+    it still runs it. With a scale per row it takes the K >= 4096 layers from M = 17 where its
+    64-token CTAs of 128 rows fill three quarters of the SMs."""
     from types import SimpleNamespace
 
     _sm90(monkeypatch)
+    monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
     monkeypatch.setattr(registry, "_cuda_ext_ready", lambda call, layouts: (True, ""))
     monkeypatch.setattr(registry, "_hopper_wgmma", lambda call: "")
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
-    x = SimpleNamespace(shape=(2048, 4096), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: 4096)
-    w = SimpleNamespace(shape=(14336, 1024), data_ptr=lambda: 0)
-    blocks, rows = SimpleNamespace(shape=(14336, 32)), SimpleNamespace(shape=(14336, 1))
-    call = backends.LinearCall(x, w, blocks, None, 8, "a8")
-    ok, why = registry._can_cuda_wgmma_a8(call)
+
+    def call(m, k=4096, n=14336, scales=1, bits=8):
+        x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
+        w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, "a8")
+
+    ok, why = registry._can_cuda_wgmma_a8(call(2048, scales=32))
     assert not ok and "not faster than triton_a8" in why and "TERNOP_BACKEND=cuda_wgmma_a8" in why
-    assert registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, rows, None, 8, "a8")) == (True, "")
-    narrow = SimpleNamespace(shape=(2048, 1024), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0,
-                             stride=lambda d: 1024)  # fmt: skip
-    w_narrow = SimpleNamespace(shape=(4096, 256), data_ptr=lambda: 0)
-    ok, why = registry._can_cuda_wgmma_a8(backends.LinearCall(narrow, w_narrow, SimpleNamespace(shape=(4096, 1)), None,
-                                                              8, "a8"))  # fmt: skip
-    assert not ok and "triton_a8 is faster below" in why
+    # Row scales: 4096 -> 14336 makes 112 CTAs at M <= 64 (>= 99 of 132), 4096 -> 4096 only 32 up to 64
+    # tokens and 64 at M = 128, 128 from M = 193.
+    for m in (17, 64, 128, 512, 2048):
+        assert registry._can_cuda_wgmma_a8(call(m)) == (True, ""), m
+    for m in (17, 128):
+        ok, why = registry._can_cuda_wgmma_a8(call(m, n=4096))
+        assert not ok and "under three quarters" in why and "triton_a8 is faster" in why, m
+    assert registry._can_cuda_wgmma_a8(call(193, n=4096)) == (True, "")
+    ok, why = registry._can_cuda_wgmma_a8(call(16))
+    assert not ok and "below M=17" in why
+    ok, why = registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))
+    assert not ok and "triton_a8 is faster below K=4096" in why
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma_a8")
-    assert registry._can_cuda_wgmma_a8(call) == (True, "")
-    assert "activation_bits=16" in registry._can_cuda_wgmma_a8(backends.LinearCall(x, w, blocks, None, 16, "a8"))[1]
+    assert registry._can_cuda_wgmma_a8(call(2048, scales=32)) == (True, "")
+    assert registry._can_cuda_wgmma_a8(call(17, k=1024, n=4096)) == (True, "")
+    assert "activation_bits=16" in registry._can_cuda_wgmma_a8(call(2048, scales=32, bits=16))[1]
 
 
 def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):

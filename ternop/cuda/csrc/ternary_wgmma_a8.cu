@@ -370,12 +370,21 @@ int64_t ctas_of(int M, int N, int rows, int tokens) {
 }  // namespace
 
 // The tile a call runs: `tile` when it names one (0: 64 tokens, 1: 128, on 128 weight rows; with
-// row scales also 2: 128 tokens on 192 rows, and 3: 64 on 256), else the largest tile whose CTAs
-// fill the GPU.
+// row scales also 2: 128 tokens on 192 rows, and 3: 64 on 256), else by M:
+// - up to 64 tokens, tile 0: the 128-token tiles would leave half their tokens empty;
+// - from 2048 with row scales, tile 2 where its CTAs fill the GPU (its extra weight rows read each
+//   token block from L2 fewer times);
+// - otherwise tile 1 where its CTAs fill three quarters of the GPU, else tile 0.
+// sweep_wgmma_a8_row_0da2207.json at M = 17..512 on the 8B layers: tile 0 best up to 64 tokens
+// (1.89-2.27x of cuBLAS bf16 on the wide layers), tile 1 at M = 128..512 where it makes 112 or more
+// CTAs (1.45x against tile 0's 1.30x on 4096->14336 at M = 128), tile 0 where it makes more CTAs
+// than tile 1's 32-64 (4096->4096 at M = 128..256); tile 2 lost below M = 2048 (1.13-1.20x at
+// M = 128 on the wide layers).
 int ternary_wgmma_a8_tile(int M, int N, int sms, int tile, bool row) {
   if (tile >= 0 && tile < (row ? kA8Tiles : 2)) return tile;
-  if (row && ctas_of(M, N, A8Tile2::kRows, A8Tile2::BT) >= sms) return 2;
-  return ctas_of(M, N, A8Tile1::kRows, A8Tile1::BT) >= sms ? 1 : 0;
+  if (M <= A8Tile0::BT) return 0;
+  if (row && M >= 2048 && ctas_of(M, N, A8Tile2::kRows, A8Tile2::BT) >= sms) return 2;
+  return 4 * ctas_of(M, N, A8Tile1::kRows, A8Tile1::BT) >= 3 * sms ? 1 : 0;
 }
 
 // q int8 [M, K] contiguous, 16-byte aligned; qs fp32 [M]; wp uint8 [N, K/4] in the a8 layout;
