@@ -200,9 +200,14 @@ def _can_implement(b, call, below_floors: bool) -> bool:
             os.environ[backends.ENV_BACKEND] = saved
 
 
-def impls(x, tern, dense, marlin=None, below_floors=False, only=None):
+# The rows besides the forced backends': cublas_bf16 (always timed) and these.
+ROWS = ("dequant_bf16", "ternop", "ternop_v1", "ternop_a8", "ternop_a8_row", "ternop_q8_row")
+
+
+def impls(x, tern, dense, marlin=None, below_floors=False, only=None, rows=None):
     """name -> (fn(i), n_copies) for one (shape, M). ``tern`` maps layout -> weight copies;
-    ``only``, a set of backend names, keeps just those backends' forced rows."""
+    ``only``, a set of backend names, keeps just those backends' forced rows; ``rows``, a set of
+    ROWS names, keeps just those of the others (and cublas_bf16)."""
     q, q_scale = quantize_rows(x)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device="cuda")
     v1, a16, a8, a8r = tern["v1"], tern["a16"], tern["a8"], tern["a8 row"]
@@ -218,6 +223,8 @@ def impls(x, tern, dense, marlin=None, below_floors=False, only=None):
         "ternop_q8_row": (lambda i: ternop.linear_q8(q, q_scale, *a8r[i % len(a8r)], out_dtype=x.dtype, layout="a8"),
                           len(a8r)),
     }
+    if rows is not None:
+        res = {name: impl for name, impl in res.items() if name == "cublas_bf16" or name in rows}
     if marlin is not None:
         marlin_call, copies = marlin
         res["marlin_w4a16"] = (lambda i: marlin_call(x, i), copies)
@@ -273,7 +280,7 @@ def run_bench(args, save=None) -> dict:
             marlin = make_marlin(k, n, copies_for(n * k // 2)) if args.marlin else None
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
-                cell = impls(x, tern, dense, marlin, args.below_floors, args.backends)
+                cell = impls(x, tern, dense, marlin, args.below_floors, args.backends, args.rows)
                 calls = max(c for _, c in cell.values())
                 graphs = {}
                 for name, (fn, _) in cell.items():
@@ -365,6 +372,14 @@ def _backend_set(text: str) -> set[str]:
     return names
 
 
+def _row_set(text: str) -> set[str]:
+    names = {name for name in text.split(",") if name}
+    unknown = sorted(names - set(ROWS))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"rows are some of {', '.join(ROWS)}, not {text!r}")
+    return names
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/bench_linear.json"))
@@ -378,6 +393,9 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", type=_backend_set, default=None,
                         help="time only these backends' forced rows, e.g. cuda_wgmma,cuda_dequant (the "
                              "dispatcher's and the reference rows are always timed)")
+    parser.add_argument("--rows", type=_row_set, default=None,
+                        help=f"time only these of the other rows, e.g. ternop_a8_row (cublas_bf16 is always timed; "
+                             f"default all: {', '.join(ROWS)})")
     parser.add_argument("--no-marlin", dest="marlin", action="store_false",
                         help="leave out vLLM's Marlin W4A16 row (it is left out by itself when vLLM is absent)")
     args = parser.parse_args(argv)
