@@ -291,11 +291,19 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 
 
 # cuda_wgmma_a8 with a scale per row (its int32 sums run over all of K, no per-block scaling) takes
-# the K >= 4096 layers from its floor (M = 17) where its 64-token tiles of 128 weight rows keep at
-# least three quarters of the SMs busy; dequant_a8 goes first from M = 2048. Below that fill, and on
-# the short-K 0.6B layers at any M, triton_a8 was faster: sweep_wgmma_a8_row_0da2207.json against
-# triton_a8's row form in bench_linear_3c8c22a.json (two runs); the same-run comparison is the
-# --below-floors run cited in docs/KERNELS.md ("The Hopper int8 kernel at mid M").
+# the K >= 4096 layers from its floor (M = 17); dequant_a8 goes first from M = 2048.
+# bench_linear.py --below-floors --backends triton_a8,cuda_wgmma_a8 at 04a635e
+# (results/h200/bench_linear_a8_mid_below_floors_04a635e.json, seven 8B-class layers, M = 17..1024),
+# against cuBLAS bf16 in the same run:
+# - M <= 128: ahead where its 64-token tiles of 128 weight rows keep 70% of the SMs busy: the wide
+#   up-projections (N >= 14336: 1.82-2.28x at M = 17..64 and 1.31-1.59x at 128, against triton_a8's
+#   1.39-1.96x and 0.99-1.27x) and 4096->6144 at M = 128 (96 CTAs: 0.91x against 0.83x); behind
+#   with 32 to 64 CTAs (0.68-1.00x against 0.83-1.79x on the N = 4096 and 6144 layers).
+# - M = 129..2047: ahead or level on every such layer (0.88-1.22x against 0.79-1.07x) but
+#   4096->6144 at M = 256 and 512 (0.81x against 0.93x and 1.03x), where its 192 CTAs fill the
+#   second of two waves on 132 SMs to a half: declined where the last wave is under 80% full.
+# On the 0.6B layers (K <= 3072) triton_a8 was faster at every M (sweep_wgmma_a8_row_0da2207.json
+# against bench_linear_3c8c22a.json).
 WGMMA_A8_ROW_MIN_K = 4096
 
 
@@ -303,11 +311,23 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
     """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
     if k < WGMMA_A8_ROW_MIN_K:
         return f"row scales at K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K}"
-    ctas = -(-n // 128) * -(-m // 64)
     sms = sm_count(device)
-    if 4 * ctas < 3 * sms:
-        return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under three "
-                f"quarters of them; triton_a8 is faster there")  # fmt: skip
+    row_tiles = -(-n // 128)
+    ctas = row_tiles * -(-m // 64)  # the 64-token tile
+    if m <= 128:
+        if 10 * ctas < 7 * sms:
+            return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "
+                    f"of them; triton_a8 is faster there")  # fmt: skip
+        return ""
+    if m >= 2048:
+        return ""
+    wide = row_tiles * -(-m // 128)  # the 128-token tile, which ternary_wgmma_a8_tile takes where it fills 3/4
+    if 4 * wide >= 3 * sms:
+        ctas = wide
+    waves = -(-ctas // sms)
+    if 5 * ctas < 4 * waves * sms:
+        return (f"row scales at M={m}, N={n}: {ctas} CTAs fill {waves} waves on {sms} SMs to under 80%; "
+                f"triton_a8 is faster there")  # fmt: skip
     return ""
 
 
