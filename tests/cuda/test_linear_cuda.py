@@ -703,9 +703,12 @@ def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, 
 def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
     """Every tile of the Hopper W2A8 kernel with row scales (0-3: 128 weight rows at 64 and 128
     tokens, 192 at 128, 256 at 64), odd and even block counts, ragged M and N, and tile counts
-    above and below the number of SMs."""
+    above and below the number of SMs. Launches of fewer CTAs than SMs split K over a cluster
+    (a8_row_splits in ternary_wgmma_a8.cu): into 2 CTAs on 768 -> 5100 at M = 50, 4 or 8 on the other
+    narrow launches; the block counts 3 and 5 and the wide launch of 1024 -> 2100 do not split. A
+    split must not change a bit."""
     for m, k, n in [(17, 1024, 136), (200, 2048, 520), (1000, 384, 1152), (129, 4096, 256), (300, 640, 200),
-                    (64, 14336, 128), (3000, 1024, 2100)]:  # fmt: skip
+                    (64, 14336, 128), (3000, 1024, 2100), (50, 768, 5100)]:  # fmt: skip
         v1, _ = _weights(n, k)
         row = _row_scale(n)
         packed = layouts.repack(v1, "a8")
@@ -720,6 +723,30 @@ def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
             y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, torch.float32, tile).cpu()
             bad = (y != want).nonzero()
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
+
+
+def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
+    """The Hopper W2A8 kernel splitting K over a cluster (eight CTAs on 4096 -> 1024 at M = 40, row
+    scales, forced) under CUDA-graph capture and torch.compile: the same bits as eager, and as the
+    CPU reference."""
+    v1, _ = _weights(1024, 4096)
+    packed, row = layouts.repack(v1, "a8"), _row_scale(1024)
+    x = torch.randn(40, 4096, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+    _force(monkeypatch, "cuda_wgmma_a8")
+    x32 = x.float()
+    want = ternop.linear(x32.cpu(), packed.cpu(), row.cpu(), activation_bits=8, layout="a8")
+    assert torch.equal(ternop.linear(x32, packed, row, activation_bits=8, layout="a8").cpu(), want)
+    eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: ternop.linear(t, packed, row, activation_bits=8, layout="a8"), dynamic=True)
+    assert torch.equal(compiled(x), eager)
 
 
 @pytest.mark.parametrize("m", [3, 200, 2100])

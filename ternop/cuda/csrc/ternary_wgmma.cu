@@ -52,8 +52,6 @@
 
 #include <atomic>
 
-#include <cooperative_groups.h>
-
 #include "ternary_a16.cuh"
 #include "ternary_wgmma.cuh"
 
@@ -347,13 +345,6 @@ __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg
       for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
     }
   }
-}
-
-// Every thread of the cluster's CTAs arrives, then waits for all of them.
-__device__ __forceinline__ void cluster_sync() {
-#if TERNOP_HAS_WGMMA
-  cooperative_groups::this_cluster().sync();
-#endif
 }
 
 // A CTA of a split of K summed in a cluster (one of its S = gridDim.z CTAs, rank blockIdx.z): its fp32

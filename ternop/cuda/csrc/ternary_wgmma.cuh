@@ -1,10 +1,11 @@
 // Hopper primitives the wgmma kernels share (ternary_wgmma.cu, 16-bit x; ternary_wgmma_a8.cu,
 // int8 x): the shared-memory matrix descriptor of a 128-byte-swizzled K-major operand, the
-// wgmma fences, mbarriers, TMA box loads and the host-side tensor map of x. Device code is
+// wgmma fences, mbarriers, TMA box loads, the cluster barrier and the host-side tensor map of x. Device code is
 // compiled only for sm_90a (TERNOP_HAS_WGMMA); elsewhere these are empty and the kernels trap.
 
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -165,6 +166,13 @@ inline cudaError_t x_tensor_map(CUtensorMap* map, const void* x, int64_t ld_byte
 // block (32 bytes) x `rows` rows, unswizzled; rows past N read as zero.
 inline cudaError_t codes_tensor_map(CUtensorMap* map, const uint8_t* wp, int N, int K, int rows) {
   return byte_tensor_map(map, wp, K / 4, N, K / 4, 32, rows, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+// Every thread of the cluster's CTAs arrives, then waits for all of them.
+__device__ __forceinline__ void cluster_sync() {
+#if TERNOP_HAS_WGMMA
+  cooperative_groups::this_cluster().sync();
+#endif
 }
 
 }  // namespace

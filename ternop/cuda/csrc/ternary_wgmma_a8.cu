@@ -34,7 +34,13 @@
 // of 1.5 * 2^23 + P, minus 1.5 * 2^23; an integer add and a float add instead of a conversion
 // instruction, whose throughput is a fraction of the adders'.
 // The epilogue multiplies by s_x[m] and then adds the bias, two fp32 roundings as in the spec.
-// No split-K: narrow layers at small M leave SMs idle here.
+//
+// Split-K (row scales only). Where a launch has fewer CTAs than SMs (narrow layers at small M),
+// the row form splits K over a cluster of 2, 4 or 8 CTAs along z. Each CTA leaves its int32 sums
+// in its shared memory; after a cluster barrier each adds, for its share of the tile's tokens, the
+// cluster's sums through distributed shared memory and runs the epilogue. An int32 sum is exact in
+// any order, so a split changes no bit of the output. The block-scale form does not split: its
+// fp32 sums would round differently.
 
 #include "ternary_a16.cuh"  // smem_addr
 #include "ternary_wgmma.cuh"
@@ -149,9 +155,17 @@ __device__ __forceinline__ void turn_pass(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumersA8) : "memory");
 }
 
+// out[m, n] from its fp32 sum before the token scale. Two roundings, as the spec has them (no
+// contraction into one FMA): the token scale, then the bias.
+template <typename T>
+__device__ __forceinline__ void store_out(T* __restrict__ out, const float* __restrict__ qs, const T* __restrict__ bias,
+                                          int N, int m, int n, float value) {
+  const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+  out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(value, qs[m]), bv));
+}
+
 // A lane's outputs: accumulator 4j + r is weight row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2;
-// value(i, n) is accumulator i's fp32 sum before the token scale. Two roundings, as the spec has
-// them (no contraction into one FMA): the token scale, then the bias.
+// value(i, n) is accumulator i's fp32 sum before the token scale.
 template <typename T, int R, typename Value>
 __device__ __forceinline__ void store_tile(T* __restrict__ out, const float* __restrict__ qs,
                                            const T* __restrict__ bias, int M, int N, int n0, int m0, int row, int q,
@@ -162,11 +176,45 @@ __device__ __forceinline__ void store_tile(T* __restrict__ out, const float* __r
     for (int r = 0; r < 4; ++r) {
       const int n = n0 + row + 8 * (r / 2);
       const int m = m0 + 8 * j + 2 * q + (r & 1);
-      if (n < N && m < M) {
-        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-        out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(value(4 * j + r, n), qs[m]), bv));
-      }
+      if (n < N && m < M) store_out<T>(out, qs, bias, N, m, n, value(4 * j + r, n));
     }
+}
+
+// The epilogue of a CTA of a split of K (row scales; one of the cluster's S = gridDim.z CTAs, rank
+// blockIdx.z). Once every consumer warp's wgmmas are done with the stages, its int32 sums go to
+// shared memory as [BT tokens x kRows rows] (a pitch of kRows + 4 words: the lanes of a warp store
+// to 32 different banks); after a cluster barrier it adds, for tokens [rank BT / S, (rank + 1) BT / S),
+// the S CTAs' sums and stores them scaled. The second barrier keeps every CTA's shared memory alive
+// until the last reader is done.
+template <typename T, typename Cfg, int R>
+__device__ __forceinline__ void split_reduce_store(uint8_t* smem, const int32_t (&part)[R], int row, int q,
+                                                   const float* __restrict__ qs, const __half* __restrict__ ws,
+                                                   const T* __restrict__ bias, T* __restrict__ out, int M, int N,
+                                                   int n0, int m0) {
+#if TERNOP_HAS_WGMMA
+  constexpr int kPitch = Cfg::kRows + 4;
+  static_assert(Cfg::BT * kPitch * 4 <= Cfg::kStages * Cfg::kStageBytes, "the sums fit in the stages");
+  int32_t* sums = reinterpret_cast<int32_t*>(smem);
+  asm volatile("bar.sync 3, %0;" ::"n"(Cfg::kConsumers) : "memory");
+#pragma unroll
+  for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) sums[(8 * j + 2 * q + (r & 1)) * kPitch + row + 8 * (r / 2)] = part[4 * j + r];
+  cluster_sync();
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int per = Cfg::BT / splits;  // splits 2, 4 or 8; BT 64 or 128
+  for (int i = threadIdx.x; i < per * Cfg::kRows; i += Cfg::kConsumers) {
+    const int t = rank * per + i / Cfg::kRows, c = i % Cfg::kRows;
+    const int m = m0 + t, n = n0 + c;
+    if (m >= M || n >= N) continue;
+    int32_t sum = 0;
+    for (int r = 0; r < splits; ++r) sum += *cluster.map_shared_rank(sums + t * kPitch + c, r);
+    store_out<T>(out, qs, bias, N, m, n, __fmul_rn(static_cast<float>(sum), __half2float(ws[n])));
+  }
+  cluster_sync();
+#endif
 }
 
 // Row scales (ws fp16 [N, 1]; kRow): the int32 sums run over all of K in the wgmma accumulators and
@@ -203,7 +251,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
-  const uint8_t* smem = smem_raw + (base - raw);
+  uint8_t* smem = smem_raw + (base - raw);
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[s], then empty[s]
   const uint32_t full0 = smem_addr(bars), empty0 = full0 + 8 * kStages;
   if (threadIdx.x == 0) {
@@ -218,17 +266,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   static_assert(kRow || Cfg::kGroups == 2, "the block-scale form takes turns between two warpgroups");
   const int n0 = blockIdx.x * Cfg::kRows, m0 = blockIdx.y * BT;
-  const int blocks = K / 128;
+  // This CTA's blocks of K: all of them, or its split's share (the host splits only row-scaled
+  // launches, and only into a divisor of the block count).
+  const int blocks = K / 128 / static_cast<int>(gridDim.z), kb_begin = static_cast<int>(blockIdx.z) * blocks;
   if (threadIdx.x >= Cfg::kConsumers) {  // the producer warp; one lane issues the loads
     if (threadIdx.x == Cfg::kConsumers) {
-      for (int kb = 0; kb < blocks; ++kb) {
-        const int slot = kb % kStages, round = kb / kStages;
+      for (int i = 0; i < blocks; ++i) {
+        const int slot = i % kStages, round = i / kStages, kb = kb_begin + i;
         if (round > 0) mbar_wait(empty0 + 8 * slot, (round - 1) & 1);
         const uint32_t stage = base + slot * Cfg::kStageBytes, full = full0 + 8 * slot;
         mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
         tma_load(stage, &q_map, kb * 128, m0, full);
         tma_load(stage + Cfg::kXBytes, &c_map, kb * 32, n0, full);
       }
+    }
+    if (gridDim.z > 1) {  // the cluster barriers of split_reduce_store count every thread
+      __syncwarp();
+      cluster_sync();
+      cluster_sync();
     }
     return;
   }
@@ -281,6 +336,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          part, a1, a0);
         }
       }
+    }
+    if (gridDim.z > 1) {
+      split_reduce_store<T, Cfg, R>(smem, part, row, q, qs, ws, bias, out, M, N, n0, m0);
+      return;
     }
     // The row's scale first: fp32(fp32(S) * s_w[n]), then the token's.
     store_tile<T, R>(out, qs, bias, M, N, n0, m0, row, q,
@@ -347,9 +406,24 @@ using A8Tile2 = A8Tile<128, 8, 3>;
 using A8Tile3 = A8Tile<64, 8, 4>;
 constexpr int kA8Tiles = 4;
 
+int64_t ctas_of(int M, int N, int rows, int tokens) {
+  return static_cast<int64_t>((N + rows - 1) / rows) * ((M + tokens - 1) / tokens);
+}
+
+// How many CTAs split K for a row-scaled launch of `ctas` CTAs: the largest of 2, 4 and 8 that
+// keeps the launch within one wave, divides the block count and leaves each CTA two blocks or more;
+// else 1.
+int a8_row_splits(int64_t ctas, int K, int sms) {
+  const int blocks = K / 128;
+  int splits = 1;
+  for (int s = 2; s <= 8; s *= 2)
+    if (ctas * s <= sms && blocks % s == 0 && blocks / s >= 2) splits = s;
+  return splits;
+}
+
 template <typename T, typename Cfg, bool kRow>
 cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias,
-                            T* out, int M, int N, int K, cudaStream_t stream) {
+                            T* out, int M, int N, int K, int sms, cudaStream_t stream) {
   auto kernel = ternary_wgmma_a8_kernel<T, Cfg, kRow>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -358,13 +432,21 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
   if (err != cudaSuccess) return err;
   err = codes_tensor_map(&c_map, wp, N, K, Cfg::kRows);
   if (err != cudaSuccess) return err;
-  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
-  return cudaGetLastError();
-}
-
-int64_t ctas_of(int M, int N, int rows, int tokens) {
-  return static_cast<int64_t>((N + rows - 1) / rows) * ((M + tokens - 1) / tokens);
+  const int64_t ctas = ctas_of(M, N, Cfg::kRows, Cfg::BT);
+  const int splits = kRow ? a8_row_splits(ctas, K, sms) : 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = splits;
+  config.attrs = &cluster;
+  config.numAttrs = splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, q_map, c_map, qs, ws, bias, out, M, N, K);
 }
 
 }  // namespace
@@ -402,15 +484,15 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
     T* ot = static_cast<T*>(out);
     switch (ternary_wgmma_a8_tile(M, N, sms, tile, row)) {
       case 0:
-        return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, stream)
-                   : launch_wgmma_a8<T, A8Tile0, false>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+        return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream)
+                   : launch_wgmma_a8<T, A8Tile0, false>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       case 1:
-        return row ? launch_wgmma_a8<T, A8Tile1, true>(q, qs, wp, ws, bt, ot, M, N, K, stream)
-                   : launch_wgmma_a8<T, A8Tile1, false>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+        return row ? launch_wgmma_a8<T, A8Tile1, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream)
+                   : launch_wgmma_a8<T, A8Tile1, false>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       case 2:
-        return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+        return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       default:
-        return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, stream);
+        return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
     }
   });
 }
