@@ -290,43 +290,50 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
     return ""
 
 
-# cuda_wgmma_a8 with a scale per row (its int32 sums run over all of K, no per-block scaling) takes
-# the K >= 4096 layers from its floor (M = 17); dequant_a8 goes first from M = 2048.
-# bench_linear.py --below-floors --backends triton_a8,cuda_wgmma_a8 at 04a635e
-# (results/h200/bench_linear_a8_mid_below_floors_04a635e.json, seven 8B-class layers, M = 17..1024),
-# against cuBLAS bf16 in the same run:
-# - M <= 128: ahead where its 64-token tiles of 128 weight rows keep 70% of the SMs busy: the wide
-#   up-projections (N >= 14336: 1.82-2.28x at M = 17..64 and 1.31-1.59x at 128, against triton_a8's
-#   1.39-1.96x and 0.99-1.27x) and 4096->6144 at M = 128 (96 CTAs: 0.91x against 0.83x); behind
-#   with 32 to 64 CTAs (0.68-1.00x against 0.83-1.79x on the N = 4096 and 6144 layers).
-# - M = 129..2047: ahead or level on every such layer (0.88-1.22x against 0.79-1.07x) but
-#   4096->6144 at M = 256 and 512 (0.81x against 0.93x and 1.03x), where its 192 CTAs fill the
-#   second of two waves on 132 SMs to a half: declined where the last wave is under 80% full.
-# On the 0.6B layers (K <= 3072) triton_a8 was faster at every M (sweep_wgmma_a8_row_0da2207.json
-# against bench_linear_3c8c22a.json).
+# cuda_wgmma_a8 with a scale per row (its int32 sums run over all of K, no per-block scaling; K split
+# over a cluster where a launch leaves SMs idle) against triton_a8, both forced side by side:
+# bench_linear.py --below-floors --backends triton_a8,cuda_wgmma_a8 at e084e64
+# (results/h200/bench_linear_a8_mid_below_floors_e084e64.json, eleven layers, M = 17..1024; the same at
+# 04a635e, before the split, for the 8B-class layers), against cuBLAS bf16 in the same run:
+# - K >= 4096, M <= 64: ahead where its 64-token tiles of 128 weight rows keep 70% of the SMs busy,
+#   the wide up-projections (N >= 14336: 1.71-2.15x against triton_a8's 1.36-1.92x); behind with 32
+#   to 48 CTAs even split (0.79-1.26x against 0.92-1.74x on the N = 4096 and 6144 layers).
+# - K >= 4096, M = 65..128: ahead or level on each (the down-projections, split in two: 1.20-1.22x
+#   against 1.12x).
+# - K >= 4096, M = 129..2047: ahead or level (0.82-1.19x against 0.78-1.08x) but where the CTAs fill
+#   their last wave on 132 SMs to under 80% (4096->6144 at M = 256 and 512, 192 CTAs in two waves:
+#   0.80x against 0.93x and 1.04x).
+# - K < 4096 (the 0.6B layers): behind at M <= 128 (0.44-1.05x against 0.56-1.14x); on the N = 1024
+#   layers ahead at M = 256..1024 (0.47-0.64x against 0.44-0.58x, split where M <= 512), on the
+#   K = 1024 ones behind from M = 512.
+# From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
+# sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json).
 WGMMA_A8_ROW_MIN_K = 4096
 
 
 def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
     """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
     if k < WGMMA_A8_ROW_MIN_K:
-        return f"row scales at K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K}"
+        if n <= 1024 and 256 <= m < 2048:
+            return ""
+        return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "
+                f"but on N <= 1024 at M = 256..2047")  # fmt: skip
     sms = sm_count(device)
     row_tiles = -(-n // 128)
     ctas = row_tiles * -(-m // 64)  # the 64-token tile
-    if m <= 128:
+    if m <= 64:
         if 10 * ctas < 7 * sms:
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "
                     f"of them; triton_a8 is faster there")  # fmt: skip
         return ""
-    if m >= 2048:
+    if m <= 128 or m >= 2048:
         return ""
     wide = row_tiles * -(-m // 128)  # the 128-token tile, which ternary_wgmma_a8_tile takes where it fills 3/4
     if 4 * wide >= 3 * sms:
         ctas = wide
     waves = -(-ctas // sms)
     if 5 * ctas < 4 * waves * sms:
-        return (f"row scales at M={m}, N={n}: {ctas} CTAs fill {waves} waves on {sms} SMs to under 80%; "
+        return (f"row scales at M={m}, N={n}: {ctas} CTAs on {sms} SMs fill their last wave to under 80%; "
                 f"triton_a8 is faster there")  # fmt: skip
     return ""
 
