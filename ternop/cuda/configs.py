@@ -1,12 +1,17 @@
 """Static kernel configurations: per GPU architecture, M buckets -> kernel config.
 
 There is no run-time autotuning (it would sync, and it is not capture-safe). The sm90
-tables were picked offline with ``benchmarks/bench_linear.py --sweep`` on an H200; other
+tables were picked offline on an H200 with ``benchmarks/sweep_fused.py``,
+``benchmarks/sweep_tiles.py`` and ``benchmarks/bench_linear.py --below-floors``; other
 architectures fall back to conservative configs that compile everywhere.
 
 A backend serves an M only if one of its buckets covers it and M is at least its floor
 (``MIN_M``); the registry asks backends in priority order, so these tables also decide
 which backend runs for each M.
+
+Why it is long: besides the tables, the rules that let a backend decline part of its M range
+(``wgmma_declines``, ``dequant_a8_declines``, ``wgmma_a8_row_declines``) live here with the
+measurements that chose each, so that every dispatch number sits beside the run it came from.
 """
 
 from __future__ import annotations
