@@ -10,7 +10,7 @@ Order (lower priority first):
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up | int8 (any float x) | all |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales on the K >= 4096 layers from M = 17 where its CTAs fill the GPU and ``dequant_a8`` declines, or when forced | int8 (any float x) | a8 |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -433,8 +433,8 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         return ok, why
     why = _hopper_wgmma(call)
     if not why and not _forced("cuda_wgmma_a8") and call.weight_scale.shape[1] == 1:
-        # Row scales: the K >= 4096 layers where its CTAs fill the GPU (configs.wgmma_a8_row_declines
-        # cites the runs); dequant_a8 goes first from M = 2048 and takes most of the calls there.
+        # Row scales: where it ran faster than triton_a8 (configs.wgmma_a8_row_declines cites the
+        # runs); dequant_a8 goes first from M = 2048 and takes most of the calls there.
         why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device)
     elif not why and not _forced("cuda_wgmma_a8"):
         # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on
