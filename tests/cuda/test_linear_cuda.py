@@ -725,6 +725,21 @@ def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
 
 
+def _assert_a8_row_capture_and_compile_match_eager(x, packed, row):
+    """ternop.linear with int8 activations and row scales gives eager's bits when captured in a CUDA
+    graph and replayed, and when compiled (dynamic shapes)."""
+    eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: ternop.linear(t, packed, row, activation_bits=8, layout="a8"), dynamic=True)
+    assert torch.equal(compiled(x), eager)
+
+
 def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
     """The Hopper W2A8 kernel splitting K over a cluster (eight CTAs on 4096 -> 1024 at M = 40, row
     scales, forced) under CUDA-graph capture and torch.compile: the same bits as eager, and as the
@@ -737,16 +752,7 @@ def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
     want = ternop.linear(x32.cpu(), packed.cpu(), row.cpu(), activation_bits=8, layout="a8")
     _force(monkeypatch, "cuda_wgmma_a8")
     assert torch.equal(ternop.linear(x32, packed, row, activation_bits=8, layout="a8").cpu(), want)
-    eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda t: ternop.linear(t, packed, row, activation_bits=8, layout="a8"), dynamic=True)
-    assert torch.equal(compiled(x), eager)
+    _assert_a8_row_capture_and_compile_match_eager(x, packed, row)
 
 
 @pytest.mark.parametrize("m", [3, 200, 2100])
@@ -754,16 +760,7 @@ def test_linear_cuda_a8_row_scales_graph_capture_and_compile(m):
     v1, _ = _weights(520, 1024)
     packed, row = layouts.repack(v1, "a8"), _row_scale(520)
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-    eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda t: ternop.linear(t, packed, row, activation_bits=8, layout="a8"), dynamic=True)
-    assert torch.equal(compiled(x), eager)
+    _assert_a8_row_capture_and_compile_match_eager(x, packed, row)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

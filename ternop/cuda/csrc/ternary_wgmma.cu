@@ -620,19 +620,7 @@ constexpr WgShape kWgShapes[kWgTiles] = {wg_shape<WgTile0>(), wg_shape<WgTile1>(
 // query below use it both, so the clusters counted are the clusters launched.
 template <typename Cfg>
 cudaLaunchConfig_t wgmma_config(dim3 grid, cudaStream_t stream, bool clustered, cudaLaunchAttribute& cluster) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(Cfg::kBlockThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = grid.z;
-  config.attrs = &cluster;
-  config.numAttrs = clustered ? 1 : 0;
-  return config;
+  return z_cluster_config(grid, Cfg::kBlockThreads, Cfg::kSmemBytes, stream, clustered, cluster);
 }
 
 // The launch: a split of K (splits > 1) runs as clusters of `splits` CTAs along z, or, given a

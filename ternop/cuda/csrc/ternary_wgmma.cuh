@@ -168,6 +168,26 @@ inline cudaError_t codes_tensor_map(CUtensorMap* map, const uint8_t* wp, int N, 
   return byte_tensor_map(map, wp, K / 4, N, K / 4, 32, rows, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+// The launch configuration of `grid` CTAs of `threads` threads and `smem` bytes of dynamic shared
+// memory: as clusters of grid.z CTAs along z when `clustered`, through `cluster`, which must
+// outlive the config.
+inline cudaLaunchConfig_t z_cluster_config(dim3 grid, int threads, int smem, cudaStream_t stream, bool clustered,
+                                           cudaLaunchAttribute& cluster) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = grid.z;
+  config.attrs = &cluster;
+  config.numAttrs = clustered ? 1 : 0;
+  return config;
+}
+
 // Every thread of the cluster's CTAs arrives, then waits for all of them.
 __device__ __forceinline__ void cluster_sync() {
 #if TERNOP_HAS_WGMMA

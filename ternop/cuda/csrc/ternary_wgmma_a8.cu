@@ -434,18 +434,9 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
   if (err != cudaSuccess) return err;
   const int64_t ctas = ctas_of(M, N, Cfg::kRows, Cfg::BT);
   const int splits = kRow ? a8_row_splits(ctas, K, sms) : 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = splits;
-  config.attrs = &cluster;
-  config.numAttrs = splits > 1 ? 1 : 0;
+  const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = z_cluster_config(grid, Cfg::kThreads, Cfg::kSmemBytes, stream, splits > 1, cluster);
   return cudaLaunchKernelEx(&config, kernel, q_map, c_map, qs, ws, bias, out, M, N, K);
 }
 
