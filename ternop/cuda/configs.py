@@ -316,6 +316,23 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 WGMMA_A8_ROW_MIN_K = 4096
 
 
+def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
+    """(tile, CTAs) of a row-scaled cuda_wgmma_a8 launch before any split of K, as
+    ``ternary_wgmma_a8_tile`` in ternary_wgmma_a8.cu picks the tile (tests/cuda/test_wgmma_tile_rule.py
+    holds the two to each other): 0 (128 rows x 64 tokens) up to M = 64; from M = 2048, 2 (192 x 128)
+    where its CTAs fill the GPU; else 1 (128 x 128) where its CTAs fill three quarters of it, or 0."""
+    def ctas(rows: int, tokens: int) -> int:
+        return -(-n // rows) * -(-m // tokens)
+
+    if m <= 64:
+        return 0, ctas(128, 64)
+    if m >= 2048 and ctas(192, 128) >= sms:
+        return 2, ctas(192, 128)
+    if 4 * ctas(128, 128) >= 3 * sms:
+        return 1, ctas(128, 128)
+    return 0, ctas(128, 64)
+
+
 def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
     """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
     if k < WGMMA_A8_ROW_MIN_K:
@@ -324,18 +341,15 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
         return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "
                 f"but on N <= 1024 at M = 256..2047")  # fmt: skip
     sms = sm_count(device)
-    row_tiles = -(-n // 128)
-    ctas = row_tiles * -(-m // 64)  # the 64-token tile
     if m <= 64:
+        ctas = -(-n // 128)  # one 64-token tile of 128 rows a row block
         if 10 * ctas < 7 * sms:
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "
                     f"of them; triton_a8 is faster there")  # fmt: skip
         return ""
     if m <= 128 or m >= 2048:
         return ""
-    wide = row_tiles * -(-m // 128)  # the 128-token tile, which ternary_wgmma_a8_tile takes where it fills 3/4
-    if 4 * wide >= 3 * sms:
-        ctas = wide
+    _, ctas = wgmma_a8_row_tile(m, n, sms)
     waves = -(-ctas // sms)
     if 5 * ctas < 4 * waves * sms:
         return (f"row scales at M={m}, N={n}: {ctas} CTAs on {sms} SMs fill their last wave to under 80%; "

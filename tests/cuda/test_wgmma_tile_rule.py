@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ternop.cuda import configs
 from ternop.cuda.cuda_ext import CSRC
 
 NVCC = shutil.which("nvcc")
@@ -151,3 +152,12 @@ def test_wgmma_a8_row_tile_is_near_the_fastest_on_the_layers_it_runs(a8_row_tile
     assert sum(s <= 1.03 for s in slow.values()) >= 25, sorted(slow.items(), key=lambda kv: -kv[1])[:8]
     worst = max(slow, key=slow.get)
     assert slow[worst] <= 1.09, (worst, slow[worst])
+
+
+def test_wgmma_a8_row_tile_mirror_in_configs_matches_the_kernel(a8_row_tile):
+    """configs.wgmma_a8_row_tile, which the dispatch rule uses to count a launch's CTAs, picks the
+    tile the kernel picks, at every M and N of a grid around the rule's edges."""
+    points = [(m, n, 4096) for m in (1, 17, 64, 65, 96, 128, 129, 200, 256, 384, 512, 1000, 1024, 2047, 2048, 4096,
+                                     8192)
+              for n in (128, 1000, 1024, 4096, 6144, 12288, 14336, 24576, 28672)]  # fmt: skip
+    assert a8_row_tile(points) == [configs.wgmma_a8_row_tile(m, n, H200_SMS)[0] for m, n, _ in points]
