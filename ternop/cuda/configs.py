@@ -341,15 +341,14 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
         return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "
                 f"but on N <= 1024 at M = 256..2047")  # fmt: skip
     sms = sm_count(device)
+    _, ctas = wgmma_a8_row_tile(m, n, sms)
     if m <= 64:
-        ctas = -(-n // 128)  # one 64-token tile of 128 rows a row block
         if 10 * ctas < 7 * sms:
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "
                     f"of them; triton_a8 is faster there")  # fmt: skip
         return ""
     if m <= 128 or m >= 2048:
         return ""
-    _, ctas = wgmma_a8_row_tile(m, n, sms)
     waves = -(-ctas // sms)
     if 5 * ctas < 4 * waves * sms:
         return (f"row scales at M={m}, N={n}: {ctas} CTAs on {sms} SMs fill their last wave to under 80%; "
