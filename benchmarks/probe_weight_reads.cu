@@ -59,26 +59,51 @@ __device__ __forceinline__ WarpWork warp_work(int N, int K, int warps_log2) {
   return {n0, b_begin, min(per_warp, blocks - b_begin)};
 }
 
+// The order in which a warp walks its blocks. kInOrder: its range front to back (the kernel's
+// order). kRotated: the same range, started at (row group mod count) and wrapped, so that the row
+// groups in flight at one time read different K offsets instead of all the same one. kInterleaved:
+// the set's warps take turns block by block (warp w reads w, w + warps, ...), so that at one time
+// they read neighbouring 32 bytes of each row.
+enum Order { kInOrder, kRotated, kInterleaved };
+
+__device__ __forceinline__ WarpWork ordered_work(int N, int K, int warps_log2, Order order) {
+  WarpWork ww = warp_work(N, K, warps_log2);
+  if (order == kInterleaved) {
+    const int warps = 1 << warps_log2, warp = (threadIdx.x >> 5) & (warps - 1), blocks = K / 128;
+    ww.b_begin = warp;
+    ww.count = warp < blocks ? (blocks - warp + warps - 1) / warps : 0;
+  }
+  return ww;
+}
+
+// Block of step i (0 <= i < ww.count) in the given order.
+__device__ __forceinline__ int block_of(const WarpWork& ww, int i, Order order, int warps_log2) {
+  if (order == kRotated) return ww.b_begin + (i + ww.n0 / 16) % ww.count;
+  if (order == kInterleaved) return ww.b_begin + (i << warps_log2);
+  return ww.b_begin + i;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 4) rows_kernel(const uint8_t* __restrict__ w, int N, int K,
-                                                              int warps_log2, uint32_t* sink) {
-  const WarpWork ww = warp_work(N, K, warps_log2);
+                                                              int warps_log2, Order order, uint32_t* sink) {
+  const WarpWork ww = ordered_work(N, K, warps_log2, order);
   const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t row_bytes = static_cast<size_t>(K) / 4;
   const int r0 = ww.n0 + g < N ? ww.n0 + g : 0, r1 = ww.n0 + g + 8 < N ? ww.n0 + g + 8 : 0;
-  const uint8_t* p0 = w + r0 * row_bytes + ww.b_begin * 32 + 8 * q;
-  const uint8_t* p1 = w + r1 * row_bytes + ww.b_begin * 32 + 8 * q;
+  const uint8_t* p0 = w + r0 * row_bytes + 8 * q;
+  const uint8_t* p1 = w + r1 * row_bytes + 8 * q;
+  auto at = [&](int i) { return 32 * block_of(ww, i, order, warps_log2); };
   uint2 buf[D][2];
 #pragma unroll
   for (int d = 0; d < D; ++d)
-    if (d < ww.count) buf[d][0] = ld8(p0 + 32 * d), buf[d][1] = ld8(p1 + 32 * d);
+    if (d < ww.count) buf[d][0] = ld8(p0 + at(d)), buf[d][1] = ld8(p1 + at(d));
   uint32_t acc = 0;
   for (int b = 0; b < ww.count; b += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       if (b + d < ww.count) {
         acc ^= buf[d][0].x ^ buf[d][0].y ^ buf[d][1].x ^ buf[d][1].y;
-        if (b + d + D < ww.count) buf[d][0] = ld8(p0 + 32 * (b + d + D)), buf[d][1] = ld8(p1 + 32 * (b + d + D));
+        if (b + d + D < ww.count) buf[d][0] = ld8(p0 + at(b + d + D)), buf[d][1] = ld8(p1 + at(b + d + D));
       }
     }
   }
@@ -88,22 +113,23 @@ __global__ void __launch_bounds__(kWarps * 32, 4) rows_kernel(const uint8_t* __r
 // Tile (n0 / 16) holds its blocks one after the other, 512 bytes each.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 4) tiles_kernel(const uint8_t* __restrict__ w, int N, int K,
-                                                               int warps_log2, uint32_t* sink) {
-  const WarpWork ww = warp_work(N, K, warps_log2);
+                                                               int warps_log2, Order order, uint32_t* sink) {
+  const WarpWork ww = ordered_work(N, K, warps_log2, order);
   const int lane = threadIdx.x % 32;
   const int tile = ww.n0 < N ? ww.n0 / 16 : 0;
-  const uint8_t* p = w + static_cast<size_t>(tile) * 16 * (K / 4) + ww.b_begin * 512 + 16 * lane;
+  const uint8_t* p = w + static_cast<size_t>(tile) * 16 * (K / 4) + 16 * lane;
+  auto at = [&](int i) { return 512 * block_of(ww, i, order, warps_log2); };
   uint4 buf[D];
 #pragma unroll
   for (int d = 0; d < D; ++d)
-    if (d < ww.count) buf[d] = ld16(p + 512 * d);
+    if (d < ww.count) buf[d] = ld16(p + at(d));
   uint32_t acc = 0;
   for (int b = 0; b < ww.count; b += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       if (b + d < ww.count) {
         acc ^= buf[d].x ^ buf[d].y ^ buf[d].z ^ buf[d].w;
-        if (b + d + D < ww.count) buf[d] = ld16(p + 512 * (b + d + D));
+        if (b + d + D < ww.count) buf[d] = ld16(p + at(b + d + D));
       }
     }
   }
@@ -187,6 +213,7 @@ const char* const kNames[] = {"rows", "tiles", "stream", "persist"};
 struct Config {
   Kind kind;
   int depth, sets, ctas_per_sm, threads;
+  Order order = kInOrder;
 };
 const Config configs[] = {
     {kRows, 2, 0, 0, 0},   {kRows, 4, 0, 0, 0},   {kRows, 8, 0, 0, 0},    {kRows, 4, 1, 0, 0},
@@ -195,7 +222,11 @@ const Config configs[] = {
     {kStream, 1, 0, 2, 256},
     {kPersistent, 4, 1, 2, 0}, {kPersistent, 4, 1, 4, 0}, {kPersistent, 8, 1, 2, 0}, {kPersistent, 8, 1, 4, 0},
     {kPersistent, 4, 2, 4, 0}, {kPersistent, 8, 0, 4, 0},
+    {kRows, 2, 0, 0, 0, kRotated},  {kRows, 4, 0, 0, 0, kRotated},  {kRows, 4, 1, 0, 0, kRotated},
+    {kRows, 2, 0, 0, 0, kInterleaved}, {kRows, 4, 0, 0, 0, kInterleaved}, {kRows, 4, 1, 0, 0, kInterleaved},
+    {kTiles, 4, 0, 0, 0, kRotated}, {kTiles, 4, 0, 0, 0, kInterleaved},
 };
+const char* const kOrderNames[] = {"", "-rot", "-il"};
 
 int main() {
   int sms = 0;
@@ -209,7 +240,7 @@ int main() {
   CHECK(cudaEventCreate(&t1));
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::printf("%-13s %-7s %5s %5s %6s %7s %9s %7s\n", "K x N", "pattern", "depth", "sets", "ctas", "threads",
+  std::printf("%-13s %-11s %5s %5s %6s %7s %9s %7s\n", "K x N", "pattern", "depth", "sets", "ctas", "threads",
               "us/call", "TB/s");
   for (const auto& s : shapes) {
     const int K = s[0], N = s[1];
@@ -229,10 +260,10 @@ int main() {
       auto launch = [&](int i) {
         const uint8_t* wi = w + bytes * (i % copies);
         const uint4* wv = reinterpret_cast<const uint4*>(wi);
-        if (c.kind == kRows && c.depth == 2) rows_kernel<2><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
-        if (c.kind == kRows && c.depth == 4) rows_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
-        if (c.kind == kRows && c.depth == 8) rows_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
-        if (c.kind == kTiles && c.depth == 4) tiles_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
+        if (c.kind == kRows && c.depth == 2) rows_kernel<2><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
+        if (c.kind == kRows && c.depth == 4) rows_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
+        if (c.kind == kRows && c.depth == 8) rows_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
+        if (c.kind == kTiles && c.depth == 4) tiles_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
         if (c.kind == kPersistent && c.depth == 4) persistent_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
         if (c.kind == kPersistent && c.depth == 8) persistent_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
         if (c.kind == kStream && c.depth == 1) stream_kernel<1><<<ctas, threads, 0, stream>>>(wv, bytes / 16, sink);
@@ -261,7 +292,9 @@ int main() {
       CHECK(cudaGraphExecDestroy(exec));
       CHECK(cudaGraphDestroy(graph));
       const double us = 1e3 * best / reps;
-      std::printf("%5dx%-7d %-7s %5d %5d %6d %7d %9.2f %7.2f\n", K, N, kNames[c.kind], c.depth,
+      char name[16];
+      std::snprintf(name, sizeof name, "%s%s", kNames[c.kind], kOrderNames[c.order]);
+      std::printf("%5dx%-7d %-11s %5d %5d %6d %7d %9.2f %7.2f\n", K, N, name, c.depth,
                   c.kind == kStream ? 0 : groups, ctas, threads, us, bytes / us * 1e-6);
     }
     CHECK(cudaFree(w));
