@@ -3,6 +3,7 @@
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
         [--profile] [--pyprofile] [--control] [--cpus LIST|all] [--repeats 5] [--decode-runs 3]
         [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused | --a8-unfused-only] [--a8-in-graph]
+        [--engine-process separate|in-process]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -22,7 +23,9 @@ Workloads (random weights; speed does not depend on their values):
           median over the rounds, with min and max; ratios come from the medians, and the
           per-round ratios give their spread. Around the single queries each engine also records
           its calling thread's CPU time, page faults and context switches, and right after each
-          query host_probe.quick() (an empty call, a CUDA launch, two views of a CUDA tensor).
+          query host_probe.quick() (an empty call, a CUDA launch, two views of a CUDA tensor);
+          with the engine core in a process of its own (the default) these are the calling
+          process's figures, without the engine core's host work.
 - decode: a Qwen3-8B-shaped causal LM (hidden 4096, 36 layers, 32/8 heads, intermediate 12288):
           bf16, ternary (16-bit activations) and ternary with int8 activations.
           Greedy decode of 128 tokens at batch 1, 16 and 64; ms per step is
@@ -48,7 +51,13 @@ Workloads (random weights; speed does not depend on their values):
           sub-norms and a SiLU MLP, so it does slightly less work per layer than a bf16 BitNet
           would: the ratio errs against ternary, not for it.
 
-Every engine runs with vLLM's default compilation and CUDA graphs; the decode engines cap
+Every engine runs as vLLM runs by default: its engine core in a process of its own beside the
+process that calls `LLM` (`--engine-process separate`), with vLLM's default compilation and CUDA
+graphs. `--engine-process in-process` (VLLM_ENABLE_V1_MULTIPROCESSING=0, what every run up to this
+flag measured) puts the engine core on the calling thread instead, so that one thread also does the
+scheduling, the input preparation and the output processing between steps, and the timings count
+that host work in full; --profile, --pyprofile and --control-ternop need it, since torch.profiler
+and the process's own state see only that process. The decode engines cap
 max_num_seqs at the largest batch (64), which also bounds the CUDA graphs captured at start-up.
 The settings are recorded. Engines start one after another, one process each.
 `--only` takes a comma-separated list, run in that order (default: all three);
@@ -262,31 +271,18 @@ def with_activation_bits(src: Path, dst: Path, bits: int) -> Path:
 # --- one worker = one LLM in one process -------------------------------------------------------
 
 
-def _weight_bytes(llm) -> dict | None:
-    """Bytes of the loaded model's tensors: linear layers (LinearBase) and everything else."""
-
-    def count(model):
-        from vllm.model_executor.layers.linear import LinearBase
-
-        linear = other = 0
-        seen = set()
-        for module in model.modules():
-            is_linear = isinstance(module, LinearBase)
-            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-                if id(t) in seen:
-                    continue
-                seen.add(id(t))
-                nbytes = t.numel() * t.element_size()
-                if is_linear:
-                    linear += nbytes
-                else:
-                    other += nbytes
-        return {"linear_bytes": linear, "other_bytes": other}
+def _weight_bytes(llm) -> dict:
+    """Bytes of the loaded model's tensors: the linear layers' weights (dense or ternary, with their
+    scales) and everything else (``ternop.cli.memory``, what ``ternop eval`` reports)."""
+    from ternop.cli.memory import vllm_weight_memory
 
     try:
-        return llm.apply_model(count)[0]
+        mem = llm.apply_model(vllm_weight_memory)[0]
     except Exception as e:  # the API differs between versions; the JSON says so
         return {"error": f"{type(e).__name__}: {e}"}
+    if not mem:
+        return {"error": "the dense layers' weights are not visible in this vLLM build"}
+    return {"linear_bytes": mem["vllm_mem_linear"], "other_bytes": mem["vllm_mem_total"] - mem["vllm_mem_linear"]}
 
 
 def _linear_methods(llm) -> dict:
@@ -597,6 +593,21 @@ def worker_decode(args) -> dict:
 # --- driver -----------------------------------------------------------------------------------
 
 
+ENGINE_PROCESSES = ("separate", "in-process")
+NEEDS_IN_PROCESS = ("profile", "pyprofile", "control_ternop")  # they look inside the engine's own process
+
+
+def _engine_env(args) -> dict:
+    """A worker's environment for ``--engine-process``: VLLM_ENABLE_V1_MULTIPROCESSING "1" runs the
+    engine core in a process of its own (vLLM's default), "0" on the worker's calling thread. In a
+    separate process, ``LLM.apply_model`` (the weight bytes and the linear methods recorded per
+    engine) has to send this script's functions there, which vLLM does only by pickle, behind
+    VLLM_ALLOW_INSECURE_SERIALIZATION."""
+    if args.engine_process == "in-process":
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
+
 def _run_worker(kind: str, model: Path, args, dummy: bool = False, env: dict | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--model", str(model), "--dtype", args.dtype,
            "--result", str(model / f"result_{kind}.json")]  # fmt: skip
@@ -604,7 +615,7 @@ def _run_worker(kind: str, model: Path, args, dummy: bool = False, env: dict | N
     cmd += ["--profile"] if args.profile else []
     cmd += ["--dummy"] if dummy else []
     cmd += ["--decode-runs", str(args.decode_runs)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
+    env = {**os.environ, **_engine_env(args), **(env or {})}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, timeout=args.worker_timeout)
@@ -780,6 +791,10 @@ def main() -> None:
     parser.add_argument("--cpus", type=_cpu_list, default=_default_cpus(),
                         help="embed: the CPUs every engine process is pinned to, e.g. 0-7 (default: the first "
                              "half of this process's CPUs, at least 4; 'all' pins nothing)")  # fmt: skip
+    parser.add_argument("--engine-process", choices=ENGINE_PROCESSES, default="separate",
+                        help="separate: each engine core in a process of its own, as vLLM runs by default; "
+                             "in-process: on the worker's calling thread (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+                             "needed by --profile, --pyprofile and --control-ternop (default: separate)")  # fmt: skip
     parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -793,6 +808,11 @@ def main() -> None:
         Path(args.result).write_text(json.dumps(worker_decode(args), indent=2))
         return
 
+    if args.engine_process != "in-process":
+        wants = [f"--{name.replace('_', '-')}" for name in NEEDS_IN_PROCESS if getattr(args, name)]
+        if wants:
+            parser.error(f"{', '.join(wants)} {'needs' if len(wants) == 1 else 'need'} --engine-process "
+                         "in-process (by default the engine core runs in a separate process, out of the worker's sight)")  # fmt: skip
     only = [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown or not only:
@@ -800,6 +820,7 @@ def main() -> None:
     t_start = time.perf_counter()
     work = Path(args.workdir)
     report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit(), "workloads": only,
+                    "engine_process": args.engine_process,
                     "embed_start_order": "reversed" if args.reverse_start else "as listed"}
     try:
         import torch
@@ -825,7 +846,7 @@ class _Worker:
         cmd = [sys.executable, __file__, "--worker", "embed", "--model", str(model), "--dtype", args.dtype,
                "--gpu-fraction", str(args.gpu_fraction)]  # fmt: skip
         cmd += ["--tiny"] if args.tiny else []
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env_extra or {}))
+        env = {**os.environ, **_engine_env(args), **(env_extra or {})}
         self.name = name
         # Every engine on the same CPUs (they never run at once): neither gets a better place.
         pin = (lambda: os.sched_setaffinity(0, args.cpus)) if args.cpus else None

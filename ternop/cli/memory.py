@@ -1,14 +1,16 @@
 """Bytes of model weights: on disk (safetensors headers) and in memory (parameters and buffers).
 
 Linear-layer weights are counted apart from the rest: a dense layer's ``weight``, a ternary
-layer's ``weight_packed`` and ``weight_scale``. Used by ``ternop eval`` for the memory report.
+layer's ``weight_packed`` and ``weight_scale`` (and, in vLLM, the ``[N, 1]`` row scales the plugin
+keeps beside them for int8 activations). Used by ``ternop eval`` for the memory report and by
+``benchmarks/bench_vllm.py``.
 """
 
 from __future__ import annotations
 
 import torch
 
-_WEIGHT_NAMES = ("weight", "weight_packed", "weight_scale")
+_WEIGHT_NAMES = ("weight", "weight_packed", "weight_scale", "ternop_row_scale")
 
 
 def weight_memory(model: torch.nn.Module, linear_names=None) -> dict[str, int]:

@@ -62,6 +62,27 @@ def test_evaluate_loader_matches_dequantized_reference(bert_pair):
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
 
 
+def test_memory_counts_a_vllm_layers_row_scales_as_linear_weights():
+    """A vLLM linear layer (a LinearBase subclass) with int8 activations keeps its [N, 1] row
+    scales as the buffer ``ternop_row_scale`` beside ``weight_packed`` and ``weight_scale``: all
+    three are the layer's weight memory, and its other buffers are not."""
+
+    class LinearBase(torch.nn.Module):  # the name is what memory recognises, without importing vLLM
+        pass
+
+    class RowParallelLinear(LinearBase):
+        def __init__(self):
+            super().__init__()
+            self.weight_packed = torch.nn.Parameter(torch.zeros(64, 64, dtype=torch.uint8), requires_grad=False)
+            self.weight_scale = torch.nn.Parameter(torch.ones(64, 2, dtype=torch.float16), requires_grad=False)
+            self.register_buffer("ternop_row_scale", torch.ones(64, 1, dtype=torch.float16), persistent=False)
+            self.register_buffer("other", torch.zeros(10, dtype=torch.float32))
+
+    got = memory.weight_memory(RowParallelLinear())
+    assert got["mem_linear"] == 64 * 64 + 64 * 2 * 2 + 64 * 2
+    assert got["mem_total"] == got["mem_linear"] + 10 * 4
+
+
 def test_evaluate_memory_counts_bytes_of_the_layout(bert_pair):
     base, quant = bert_pair
     names = list(build_layout(quant, causal=False).named_modules())
