@@ -56,8 +56,9 @@ process that calls `LLM` (`--engine-process separate`), with vLLM's default comp
 graphs. `--engine-process in-process` (VLLM_ENABLE_V1_MULTIPROCESSING=0, what every run up to this
 flag measured) puts the engine core on the calling thread instead, so that one thread also does the
 scheduling, the input preparation and the output processing between steps, and the timings count
-that host work in full; --profile, --pyprofile and --control-ternop need it, since torch.profiler
-and the process's own state see only that process. The decode engines cap
+that host work in full; --pyprofile and --control-ternop need it, since they look at the calling
+process's own Python and state. --profile works in both: it records in the engine's own process
+(engine_profile.py, through LLM.apply_model). The decode engines cap
 max_num_seqs at the largest batch (64), which also bounds the CUDA graphs captured at start-up.
 The settings are recorded. Engines start one after another, one process each.
 `--only` takes a comma-separated list, run in that order (default: all three);
@@ -330,27 +331,24 @@ def _queries(cmd: dict) -> list:
     return [_prompts(1, cmd["length"], cmd["seed"] * 1000 + i) for i in range(cmd["queries"])]
 
 
-def _profile_top(fn, n: int = 15, by: str = "device", totals: dict | None = None) -> list[dict]:
+def _profile_top(llm, fn, n: int = 15, by: str = "device", totals: dict | None = None) -> list[dict]:
     """The ``n`` events with the most self time on the device (``by="device"``, the CPU where
-    there is none) or on the host (``by="cpu"``), with both times. ``totals``, if given, receives
-    the wall time of ``fn`` and the self time of all events summed (``wall_us``, ``self_us``)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    there is none) or on the host (``by="cpu"``), with both times, recorded in the engine's own
+    process while ``fn`` runs (``engine_profile.py``, through ``LLM.apply_model``). ``totals``, if
+    given, receives the wall time of ``fn`` and the self time of all events summed (``wall_us``,
+    ``self_us``): their ratio on the device side is the share of the wall time the GPU was busy."""
+    import functools
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    import engine_profile
+
+    llm.apply_model(engine_profile.start)
     t0 = time.perf_counter()
-    with profile(activities=activities) as prof:
-        fn()
+    fn()
     wall_us = (time.perf_counter() - t0) * 1e6
-    key = "self_device_time_total" if by == "device" and torch.cuda.is_available() else "self_cpu_time_total"
-    events = prof.key_averages()
+    summary = llm.apply_model(functools.partial(engine_profile.stop, n=n, by=by))[0]
     if totals is not None:
-        totals.update(wall_us=wall_us, self_us=sum(getattr(e, key, 0) for e in events))
-    rows = []
-    for e in sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:n]:
-        rows.append({"name": e.key[:120], "calls": e.count, "self_us": getattr(e, key, 0),
-                     "self_cpu_us": e.self_cpu_time_total})  # fmt: skip
-    return rows
+        totals.update(wall_us=wall_us, self_us=summary["self_us"])
+    return summary["top"]
 
 
 def _python_profile(fn, n: int = 40) -> list[dict]:
@@ -537,7 +535,10 @@ def worker_embed(args) -> None:
             reply({"ms": times, "cpu": report, "torch_threads": cmd.get("torch_threads") or threads, "quick": quick()})
         elif cmd["op"] == "profile":
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
-            reply({"top": _profile_top(lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"))})
+            totals = {}
+            top = _profile_top(llm, lambda: llm.embed(prompts, use_tqdm=False), by=cmd.get("by", "device"),
+                               totals=totals)  # fmt: skip
+            reply({"top": top, **totals})
         elif cmd["op"] == "pyprofile":
             prompts = _queries(cmd)
             reply({"top": _python_profile(lambda: [llm.embed(p, use_tqdm=False) for p in prompts])})
@@ -585,7 +586,7 @@ def worker_decode(args) -> dict:
     if args.profile:  # where a step's time goes: the top kernels, and their sum against the wall time
         for batch in PROFILE_BATCHES:
             totals = {}
-            top = _profile_top(lambda: run(batch, steps), n=25, totals=totals)
+            top = _profile_top(llm, lambda: run(batch, steps), n=25, totals=totals)
             result[f"profile_decode_batch{batch}"] = {"steps": steps, **totals, "top": top}
     return result
 
@@ -594,18 +595,21 @@ def worker_decode(args) -> dict:
 
 
 ENGINE_PROCESSES = ("separate", "in-process")
-NEEDS_IN_PROCESS = ("profile", "pyprofile", "control_ternop")  # they look inside the engine's own process
+NEEDS_IN_PROCESS = ("pyprofile", "control_ternop")  # they look inside the engine's own process
 
 
 def _engine_env(args) -> dict:
     """A worker's environment for ``--engine-process``: VLLM_ENABLE_V1_MULTIPROCESSING "1" runs the
     engine core in a process of its own (vLLM's default), "0" on the worker's calling thread. In a
     separate process, ``LLM.apply_model`` (the weight bytes and the linear methods recorded per
-    engine) has to send this script's functions there, which vLLM does only by pickle, behind
+    engine, --profile) has to send functions there, which vLLM does only by pickle, behind
     VLLM_ALLOW_INSECURE_SERIALIZATION."""
+    # The engine's process imports engine_profile.py (--profile) by name, from this folder.
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     if args.engine_process == "in-process":
-        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": path}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "PYTHONPATH": path}
 
 
 def _run_worker(kind: str, model: Path, args, dummy: bool = False, env: dict | None = None) -> dict:
@@ -794,7 +798,7 @@ def main() -> None:
     parser.add_argument("--engine-process", choices=ENGINE_PROCESSES, default="separate",
                         help="separate: each engine core in a process of its own, as vLLM runs by default; "
                              "in-process: on the worker's calling thread (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
-                             "needed by --profile, --pyprofile and --control-ternop (default: separate)")  # fmt: skip
+                             "needed by --pyprofile and --control-ternop (default: separate)")  # fmt: skip
     parser.add_argument("--worker", choices=["embed", "decode"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -1000,10 +1004,14 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         _save(report, args.out)
         if args.profile:
             for name in names:
-                res["models"][name]["profile"] = workers[name].ask(op="profile", n=4 if args.tiny else 1024,
-                                                                   length=128, seed=7)["top"]  # fmt: skip
+                # A throughput batch (1024 x 128 tokens, eight steps of 16384): its top kernels, and
+                # its device time summed against its wall time (profile_totals), the share of the
+                # wall time the GPU was busy.
+                batch = workers[name].ask(op="profile", n=4 if args.tiny else 1024, length=128, seed=7)
+                res["models"][name]["profile"] = batch["top"]
+                res["models"][name]["profile_totals"] = {"wall_us": batch["wall_us"], "self_us": batch["self_us"]}
                 # One 16-token query, by host time and by device time: where the single-query
-                # latency goes (the engine runs in the worker's process, so both are seen).
+                # latency goes (both recorded in the engine's own process).
                 res["models"][name]["profile_query"] = workers[name].ask(op="profile", n=1, length=16, seed=8,
                                                                          by="cpu")["top"]  # fmt: skip
                 res["models"][name]["profile_query_device"] = workers[name].ask(op="profile", n=1, length=16,
