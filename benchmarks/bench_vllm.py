@@ -335,8 +335,9 @@ def _profile_top(llm, fn, n: int = 15, by: str = "device", totals: dict | None =
     """The ``n`` events with the most self time on the device (``by="device"``, the CPU where
     there is none) or on the host (``by="cpu"``), with both times, recorded in the engine's own
     process while ``fn`` runs (``engine_profile.py``, through ``LLM.apply_model``). ``totals``, if
-    given, receives the wall time of ``fn`` and the self time of all events summed (``wall_us``,
-    ``self_us``): their ratio on the device side is the share of the wall time the GPU was busy."""
+    given, receives the wall time of ``fn``, the self time of all events summed and the device time
+    of the GPU's own events (``wall_us``, ``self_us``, ``device_busy_us``): the last over the first
+    is the share of the wall time the GPU was busy."""
     import functools
 
     import engine_profile
@@ -347,7 +348,7 @@ def _profile_top(llm, fn, n: int = 15, by: str = "device", totals: dict | None =
     wall_us = (time.perf_counter() - t0) * 1e6
     summary = llm.apply_model(functools.partial(engine_profile.stop, n=n, by=by))[0]
     if totals is not None:
-        totals.update(wall_us=wall_us, self_us=summary["self_us"])
+        totals.update(wall_us=wall_us, self_us=summary["self_us"], device_busy_us=summary["device_busy_us"])
     return summary["top"]
 
 
@@ -1005,11 +1006,10 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         if args.profile:
             for name in names:
                 # A throughput batch (1024 x 128 tokens, eight steps of 16384): its top kernels, and
-                # its device time summed against its wall time (profile_totals), the share of the
-                # wall time the GPU was busy.
+                # the GPU's busy time against its wall time (profile_totals: device_busy_us / wall_us).
                 batch = workers[name].ask(op="profile", n=4 if args.tiny else 1024, length=128, seed=7)
                 res["models"][name]["profile"] = batch["top"]
-                res["models"][name]["profile_totals"] = {"wall_us": batch["wall_us"], "self_us": batch["self_us"]}
+                res["models"][name]["profile_totals"] = {k: batch[k] for k in ("wall_us", "self_us", "device_busy_us")}
                 # One 16-token query, by host time and by device time: where the single-query
                 # latency goes (both recorded in the engine's own process).
                 res["models"][name]["profile_query"] = workers[name].ask(op="profile", n=1, length=16, seed=8,

@@ -33,10 +33,14 @@ def start(model=None) -> bool:
 
 def stop(model=None, n: int = 15, by: str = "device") -> dict:
     """Stops the profile and summarises it: the ``n`` events with the most self time on the device
-    (``by="device"``; the CPU where there is no GPU) or on the host (``by="cpu"``), with both times,
-    and ``self_us``, the self time of every event summed on that side."""
+    (``by="device"``; the CPU where there is no GPU) or on the host (``by="cpu"``), with both times;
+    ``self_us``, the self time of every event summed on that side (on the device an op such as
+    ``aten::mm`` carries its kernels' time too, so that sum counts them twice); and
+    ``device_busy_us``, the device time of the GPU's own events alone (kernels, copies), once each
+    (None without a GPU)."""
     global _PROFILER
     import torch
+    from torch.autograd import DeviceType
 
     if _PROFILER is None:
         raise RuntimeError("engine_profile.stop: no profile is running in this process (call start first)")
@@ -48,4 +52,7 @@ def stop(model=None, n: int = 15, by: str = "device") -> dict:
         {"name": e.key[:120], "calls": e.count, "self_us": getattr(e, key, 0), "self_cpu_us": e.self_cpu_time_total}
         for e in sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:n]
     ]
-    return {"top": rows, "self_us": sum(getattr(e, key, 0) for e in events)}
+    busy = None
+    if torch.cuda.is_available():
+        busy = sum(e.self_device_time_total for e in events if e.device_type != DeviceType.CPU)
+    return {"top": rows, "self_us": sum(getattr(e, key, 0) for e in events), "device_busy_us": busy}
