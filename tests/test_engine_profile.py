@@ -52,3 +52,36 @@ def test_bench_vllm_refuses_in_process_options_with_a_separate_engine(flags, tmp
     assert run.returncode == 2
     assert "--engine-process in-process" in run.stderr and all(f in run.stderr for f in flags)
     assert not (tmp_path / "x.json").exists()
+
+
+class _InProcess:
+    """An LLM whose apply_model runs the function here, as vLLM does with the engine in-process."""
+
+    def apply_model(self, fn):
+        return [fn(None)]
+
+
+class _CannotSend:
+    """An LLM that cannot send a function to its engine's process."""
+
+    def apply_model(self, fn):
+        raise TypeError("Object of type <class 'function'> is not serializable")
+
+
+def test_profile_top_profiles_the_work_through_apply_model():
+    import bench_vllm
+
+    totals = {}
+    rows = bench_vllm._profile_top(_InProcess(), lambda: torch.randn(64, 64) @ torch.randn(64, 64), n=50,
+                                   by="cpu", totals=totals)  # fmt: skip
+    assert "aten::mm" in [row["name"] for row in rows]
+    assert totals["wall_us"] > 0 and totals["self_us"] > 0 and "device_busy_us" in totals
+
+
+def test_profile_top_keeps_the_run_going_when_the_engine_cannot_profile():
+    import bench_vllm
+
+    ran, totals = [], {}
+    assert bench_vllm._profile_top(_CannotSend(), lambda: ran.append(1), totals=totals) == []
+    assert not ran and "did not start in the engine's process" in totals["error"]
+    assert "not serializable" in totals["error"]
