@@ -602,7 +602,8 @@ def worker_decode(args) -> dict:
 
 
 ENGINE_PROCESSES = ("separate", "in-process")
-NEEDS_IN_PROCESS = ("pyprofile", "control_ternop")  # they look inside the engine's own process
+# They look at the worker's own process, which holds the engine core only when it runs in-process.
+NEEDS_IN_PROCESS = ("pyprofile", "control_ternop")
 
 
 def _engine_env(args) -> dict:
