@@ -8,6 +8,8 @@
 //   tiles:  the same 512 bytes per (16 rows, block), stored contiguously, one 16-byte load a lane.
 //   persist: the v1 / a8 loads from a few CTAs an SM, each walking row groups a grid apart.
 //   stream: every thread of a plain grid reads 16-byte vectors in order (what a copy reaches).
+//   rows-kS: rows with one set a CTA, S CTAs sharing each set's K (split-K: the kernel would
+//           then add S int32 partials, exact in any order with row scales).
 //
 // Each kernel XORs what it read into one word per warp, so nothing is optimised away. Weights
 // rotate over copies that together pass 200 MB (four times the L2).
@@ -53,10 +55,14 @@ __device__ __forceinline__ WarpWork warp_work(int N, int K, int warps_log2) {
   const int warps = 1 << warps_log2;
   const int set = threadIdx.x >> (5 + warps_log2), warp = (threadIdx.x >> 5) & (warps - 1);
   const int n0 = (blockIdx.x * (blockDim.x >> (5 + warps_log2)) + set) * 16;
-  const int blocks = K / 128;
-  const int per_warp = (blocks + warps - 1) / warps;
-  const int b_begin = min(warp * per_warp, blocks);
-  return {n0, b_begin, min(per_warp, blocks - b_begin)};
+  // Split-K over CTAs: CTA (x, y) of a grid gridDim.y high takes slice y of the scale blocks.
+  const int blocks = K / 128, slices = gridDim.y;
+  const int per_slice = (blocks + slices - 1) / slices;
+  const int s_begin = min(static_cast<int>(blockIdx.y) * per_slice, blocks);
+  const int s_end = min(s_begin + per_slice, blocks);
+  const int per_warp = (s_end - s_begin + warps - 1) / warps;
+  const int b_begin = min(s_begin + warp * per_warp, s_end);
+  return {n0, b_begin, min(per_warp, s_end - b_begin)};
 }
 
 // The order in which a warp walks its blocks. kInOrder: its range front to back (the kernel's
@@ -68,7 +74,7 @@ enum Order { kInOrder, kRotated, kInterleaved };
 
 __device__ __forceinline__ WarpWork ordered_work(int N, int K, int warps_log2, Order order) {
   WarpWork ww = warp_work(N, K, warps_log2);
-  if (order == kInterleaved) {
+  if (order == kInterleaved) {  // (without split-K)
     const int warps = 1 << warps_log2, warp = (threadIdx.x >> 5) & (warps - 1), blocks = K / 128;
     ww.b_begin = warp;
     ww.count = warp < blocks ? (blocks - warp + warps - 1) / warps : 0;
@@ -210,10 +216,12 @@ enum Kind { kRows, kTiles, kStream, kPersistent };
 const char* const kNames[] = {"rows", "tiles", "stream", "persist"};
 // depth: blocks in flight a warp (rows, tiles) or 16-byte loads in flight a thread (stream);
 // sets: sets of 16 rows a CTA, 0 for small_m_split's rule; stream: CTAs an SM and threads a CTA.
+// ksplit: CTAs that share a set's K (rows only), each reading 1 / ksplit of it.
 struct Config {
   Kind kind;
   int depth, sets, ctas_per_sm, threads;
   Order order = kInOrder;
+  int ksplit = 1;
 };
 const Config configs[] = {
     {kRows, 2, 0, 0, 0},   {kRows, 4, 0, 0, 0},   {kRows, 8, 0, 0, 0},    {kRows, 4, 1, 0, 0},
@@ -225,6 +233,8 @@ const Config configs[] = {
     {kRows, 2, 0, 0, 0, kRotated},  {kRows, 4, 0, 0, 0, kRotated},  {kRows, 4, 1, 0, 0, kRotated},
     {kRows, 2, 0, 0, 0, kInterleaved}, {kRows, 4, 0, 0, 0, kInterleaved}, {kRows, 4, 1, 0, 0, kInterleaved},
     {kTiles, 4, 0, 0, 0, kRotated}, {kTiles, 4, 0, 0, 0, kInterleaved},
+    {kRows, 4, 1, 0, 0, kInOrder, 2}, {kRows, 4, 1, 0, 0, kInOrder, 4}, {kRows, 2, 1, 0, 0, kInOrder, 4},
+    {kRows, 8, 1, 0, 0, kInOrder, 2},
 };
 const char* const kOrderNames[] = {"", "-rot", "-il"};
 
@@ -260,9 +270,9 @@ int main() {
       auto launch = [&](int i) {
         const uint8_t* wi = w + bytes * (i % copies);
         const uint4* wv = reinterpret_cast<const uint4*>(wi);
-        if (c.kind == kRows && c.depth == 2) rows_kernel<2><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
-        if (c.kind == kRows && c.depth == 4) rows_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
-        if (c.kind == kRows && c.depth == 8) rows_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
+        if (c.kind == kRows && c.depth == 2) rows_kernel<2><<<dim3(ctas, c.ksplit), threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
+        if (c.kind == kRows && c.depth == 4) rows_kernel<4><<<dim3(ctas, c.ksplit), threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
+        if (c.kind == kRows && c.depth == 8) rows_kernel<8><<<dim3(ctas, c.ksplit), threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
         if (c.kind == kTiles && c.depth == 4) tiles_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, c.order, sink);
         if (c.kind == kPersistent && c.depth == 4) persistent_kernel<4><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
         if (c.kind == kPersistent && c.depth == 8) persistent_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
@@ -294,8 +304,9 @@ int main() {
       const double us = 1e3 * best / reps;
       char name[16];
       std::snprintf(name, sizeof name, "%s%s", kNames[c.kind], kOrderNames[c.order]);
+      if (c.ksplit > 1) std::snprintf(name, sizeof name, "%s-k%d", kNames[c.kind], c.ksplit);
       std::printf("%5dx%-7d %-11s %5d %5d %6d %7d %9.2f %7.2f\n", K, N, name, c.depth,
-                  c.kind == kStream ? 0 : groups, ctas, threads, us, bytes / us * 1e-6);
+                  c.kind == kStream ? 0 : groups, ctas * c.ksplit, threads, us, bytes / us * 1e-6);
     }
     CHECK(cudaFree(w));
   }
