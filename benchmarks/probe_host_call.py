@@ -1,6 +1,6 @@
 """Host time of one eager ``ternop.linear`` call against one dense bf16 ``F.linear`` call.
 
-    python benchmarks/probe_host_call.py [--out benchmarks/results/h200/probe_host_call.json]
+    python benchmarks/probe_host_call.py [--out benchmarks/results/h200/probe_host_call.json] [--a8]
 
 Above 512 tokens vLLM runs its compiled pieces without CUDA graphs, so every ternary linear
 goes through the dispatcher, ternop's Python entry (checks, the registry's cached choice) and
@@ -18,7 +18,11 @@ The weights are shared across calls (the host time does not depend on them). Eac
 timed in pieces: ``entry_host_us`` calls ternop's Python entry directly (without the
 dispatcher's hop into Python), ``backend_host_us`` the chosen backend's ``run`` alone. So the
 hop is ``ternop - entry``, the entry's own Python ``entry - backend``, and ``backend - bf16``
-what the backend's launches cost beyond one cuBLAS call.
+what the backend's launches cost beyond one cuBLAS call. ``select_host_us`` is the registry's
+cached choice alone. With ``--a8`` the call is the one a vLLM int8 embedding engine makes, x
+already quantized in the compiled graph: ``ternop::linear_q8`` on a8 codes with a scale per row;
+where its backend is ``dequant_a8`` (two Triton launches), ``decode_host_us`` is the first launch
+(decoding the codes to int8) alone.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 
 import ternop
 from ternop import backends, layouts
+from ternop.activations import quantize_rows
 from ternop import ops as ternop_ops
 from ternop.format import pack_codes
 
@@ -68,6 +73,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/probe_host_call.json"))
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--ms", type=int, nargs="+", default=MS, help="token counts (default: %(default)s)")
+    parser.add_argument("--a8", action="store_true",
+                        help="time ternop::linear_q8 (int8 rows, a8 codes, a scale per row) instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_host_call needs a CUDA GPU", file=sys.stderr)
@@ -79,28 +86,45 @@ def main(argv=None) -> int:
         for k, n in SHAPES:
             codes = torch.randint(0, 3, (n, k), generator=gen, dtype=torch.uint8)
             packed_v1 = pack_codes(codes).to(dev)
-            packed = layouts.repack(packed_v1, "a16")
-            scale = torch.rand(n, k // 128, generator=gen).to(torch.float16).to(dev) + 0.5
-            dense = ternop.dequantize(packed_v1, scale, dtype=dtype)
+            layout = "a8" if args.a8 else "a16"
+            packed = layouts.repack(packed_v1, layout)
+            scale = torch.rand(n, 1 if args.a8 else k // 128, generator=gen).to(torch.float16).to(dev) + 0.5
+            dense = ternop.dequantize(packed_v1, scale.expand(n, k // 128), dtype=dtype)
             for m in args.ms:
                 x = torch.randn(m, k, generator=gen).to(dtype).to(dev)
-                t_host, t_gpu = host_and_gpu_us(lambda: ternop.linear(x, packed, scale, layout="a16"), args.calls)
+                if args.a8:
+                    q, qs = quantize_rows(x)
+                    op = lambda: torch.ops.ternop.linear_q8(q, qs, packed, scale, None, dtype, layout)  # noqa: E731
+                    entry = lambda: ternop_ops._linear_q8_impl(q, qs, packed, scale, None, dtype, layout)  # noqa: E731
+                    call = backends.LinearCall(q, packed, scale, None, 8, layout, qs, dtype)
+                else:
+                    op = lambda: ternop.linear(x, packed, scale, layout=layout)  # noqa: E731
+                    entry = lambda: ternop_ops._linear_impl(x, packed, scale, None, 16, layout)  # noqa: E731
+                    call = backends.LinearCall(x, packed, scale, None, 16, layout)
+                t_host, t_gpu = host_and_gpu_us(op, args.calls)
                 d_host, d_gpu = host_and_gpu_us(lambda: F.linear(x, dense), args.calls)
                 # The same call in pieces: ternop's Python entry without the dispatcher's hop into
-                # it, and the chosen backend alone (for the C++ backends, its C++ op and launches).
-                impl_host, _ = host_and_gpu_us(lambda: ternop_ops._linear_impl(x, packed, scale, None, 16, "a16"),
-                                               args.calls)  # fmt: skip
-                call = backends.LinearCall(x, packed, scale, None, 16, "a16")
+                # it, the registry's choice, and the chosen backend alone (for the C++ backends,
+                # its C++ op and launches).
+                impl_host, _ = host_and_gpu_us(entry, args.calls)
                 backend = backends.select(call)
+                s_host, _ = host_and_gpu_us(lambda: backends.select(call), args.calls)
                 b_host, _ = host_and_gpu_us(lambda: backend.run(call), args.calls)
-                rows.append({"K": k, "N": n, "M": m, "ternop_host_us": t_host, "ternop_gpu_us": t_gpu,
-                             "bf16_host_us": d_host, "bf16_gpu_us": d_gpu, "backend": backend.name,
-                             "entry_host_us": impl_host, "backend_host_us": b_host})  # fmt: skip
+                row = {"K": k, "N": n, "M": m, "ternop_host_us": t_host, "ternop_gpu_us": t_gpu,
+                       "bf16_host_us": d_host, "bf16_gpu_us": d_gpu, "backend": backend.name,
+                       "entry_host_us": impl_host, "select_host_us": s_host, "backend_host_us": b_host}  # fmt: skip
+                if backend.name == "dequant_a8":
+                    from ternop.cuda.launch_dequant_a8 import decode_int8
+
+                    row["decode_host_us"], _ = host_and_gpu_us(lambda: decode_int8(packed, layout), args.calls)
+                rows.append(row)
                 print(f"{k:5d}->{n:5d} M={m:6d}  host us: ternop {t_host:6.1f} (entry {impl_host:6.1f}, "
-                      f"{backend.name} {b_host:6.1f})  bf16 {d_host:6.1f}   "
-                      f"gpu us: ternop {t_gpu:7.1f}  bf16 {d_gpu:7.1f}", flush=True)
+                      f"select {s_host:5.1f}, {backend.name} {b_host:6.1f}"
+                      + (f", its decode {row['decode_host_us']:5.1f}" if "decode_host_us" in row else "")
+                      + f")  bf16 {d_host:6.1f}   gpu us: ternop {t_gpu:7.1f}  bf16 {d_gpu:7.1f}", flush=True)
     report = {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "method": __doc__.split("Method: ", 1)[1].strip(), "calls": args.calls, "ms": args.ms, "results": rows}  # fmt: skip
+              "method": __doc__.split("Method: ", 1)[1].strip(), "calls": args.calls, "ms": args.ms,
+              "call": "linear_q8, a8, row scales" if args.a8 else "linear, a16, block scales", "results": rows}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
