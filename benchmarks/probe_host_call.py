@@ -22,13 +22,15 @@ what the backend's launches cost beyond one cuBLAS call. ``select_host_us`` is t
 cached choice alone. With ``--a8`` the call is the one a vLLM int8 embedding engine makes, x
 already quantized in the compiled graph: ``ternop::linear_q8`` on a8 codes with a scale per row;
 where its backend is ``dequant_a8`` (two Triton launches), ``decode_host_us`` is the first launch
-(decoding the codes to int8) alone.
+(decoding the codes to int8) alone. ``--all-backends`` also times every backend that can run the
+call when forced (``TERNOP_BACKEND``), host and GPU (``by_backend``): what each would cost a step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -68,6 +70,27 @@ def host_and_gpu_us(fn, calls: int, repeats: int = 5) -> tuple[float, float]:
     return statistics.median(host), statistics.median(gpu)
 
 
+def by_backend(call: backends.LinearCall, calls: int) -> dict[str, dict[str, float]]:
+    """{backend: {"host_us", "gpu_us"}} for every backend of x's device that can run ``call`` when
+    forced (some only take a call that way), each timed through its ``run``."""
+    out = {}
+    saved = os.environ.pop(backends.ENV_BACKEND, None)
+    try:
+        for backend in backends.available(call.x.device.type):
+            os.environ[backends.ENV_BACKEND] = backend.name
+            ok, _ = backend.can_implement(call)
+            if ok:
+                host, gpu = host_and_gpu_us(lambda b=backend: b.run(call), calls)
+                out[backend.name] = {"host_us": host, "gpu_us": gpu}
+    finally:
+        os.environ.pop(backends.ENV_BACKEND, None)
+        if saved is not None:
+            os.environ[backends.ENV_BACKEND] = saved
+    print("    by backend (host / gpu us): "
+          + ", ".join(f"{name} {t['host_us']:.1f} / {t['gpu_us']:.1f}" for name, t in out.items()), flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/probe_host_call.json"))
@@ -75,6 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ms", type=int, nargs="+", default=MS, help="token counts (default: %(default)s)")
     parser.add_argument("--a8", action="store_true",
                         help="time ternop::linear_q8 (int8 rows, a8 codes, a scale per row) instead")
+    parser.add_argument("--all-backends", action="store_true", help="also time each backend that can run the call")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_host_call needs a CUDA GPU", file=sys.stderr)
@@ -117,6 +141,8 @@ def main(argv=None) -> int:
                     from ternop.cuda.launch_dequant_a8 import decode_int8
 
                     row["decode_host_us"], _ = host_and_gpu_us(lambda: decode_int8(packed, layout), args.calls)
+                if args.all_backends:
+                    row["by_backend"] = by_backend(call, args.calls)
                 rows.append(row)
                 print(f"{k:5d}->{n:5d} M={m:6d}  host us: ternop {t_host:6.1f} (entry {impl_host:6.1f}, "
                       f"select {s_host:5.1f}, {backend.name} {b_host:6.1f}"
