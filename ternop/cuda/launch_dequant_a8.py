@@ -4,7 +4,7 @@
                       weight_scale fp16 [N, 1], bias [N] | None, layout, config, dtype) -> [M, N] in dtype
 
 q and qs are x quantized per token (``launch_fused.quantize_rows``, or the caller's
-``ternop::linear_q8`` arguments). Two launches on the current stream (``triton_launch.FastLaunch``): decoding into an int8
+``ternop::linear_q8`` arguments). Two launches on the current stream: decoding into an int8
 workspace [N, K], and the dense int8 GEMM. Everything is allocated
 from the caching allocator and nothing syncs, so the path is capture-safe.
 """
@@ -16,12 +16,9 @@ import triton
 
 from ternop.cuda import configs
 from ternop.cuda.triton_dequant_a8 import decode_int8_kernel, int8_gemm_kernel
-from ternop.cuda.triton_launch import FastLaunch
 from ternop.layouts import LAYOUT_CODES
 
 _DECODE_ROWS = 32
-_decode = FastLaunch(decode_int8_kernel)
-_gemm = FastLaunch(int8_gemm_kernel)
 
 
 def decode_int8(weight_packed: torch.Tensor, layout: str) -> torch.Tensor:
@@ -29,7 +26,7 @@ def decode_int8(weight_packed: torch.Tensor, layout: str) -> torch.Tensor:
     n, k = weight_packed.shape[0], weight_packed.shape[1] * 4
     out = torch.empty((n, k), dtype=torch.int8, device=weight_packed.device)
     w32 = weight_packed.view(torch.int32)
-    _decode[(triton.cdiv(n, _DECODE_ROWS), k // 128)](
+    decode_int8_kernel[(triton.cdiv(n, _DECODE_ROWS), k // 128)](
         w32, out, n, w32.stride(0), out.stride(0),
         LAYOUT=LAYOUT_CODES[layout], BLOCK_N=_DECODE_ROWS, USE_ASM=weight_packed.is_cuda, num_warps=4,
     )
@@ -43,7 +40,7 @@ def linear_dequant_a8(q, qs, weight_packed, weight_scale, bias, layout: str, con
     n = w8.shape[0]
     out = torch.empty((m, n), dtype=dtype, device=q.device)
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
-    _gemm[grid](
+    int8_gemm_kernel[grid](
         q, qs, w8, weight_scale, bias if bias is not None else out, out, m, n, k,
         q.stride(0), w8.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

@@ -2,9 +2,8 @@
 
 The registry has already checked the call; these allocate the output (and a split-K
 workspace) from the caching allocator and launch on the current stream. Nothing syncs, so
-they are capture-safe. The kernels are launched through ``triton_launch.FastLaunch`` (Triton's
-own launch, minus its per-call binding): they run inside the opaque ``ternop::linear``, where a
-``triton_op`` registration would only add a dispatcher hop.
+they are capture-safe. The kernels are launched plainly: they run inside the opaque
+``ternop::linear``, where a ``triton_op`` registration would only add a dispatcher hop.
 
     linear_a16(x [M, K] fp16/bf16, weight_packed uint8 [N, K/4], weight_scale fp16 [N, K/128],
                bias [N] | None, layout, config) -> [M, N] in x's dtype
@@ -19,16 +18,11 @@ import triton
 
 from ternop.cuda import configs
 from ternop.cuda.triton_fused import fused_a8_kernel, fused_a16_kernel, quant_rows_kernel, split_k_reduce_kernel
-from ternop.cuda.triton_launch import FastLaunch
 from ternop.layouts import LAYOUT_CODES
 
 _REDUCE_BLOCK = 1024
 # From this M on, quantize_rows reads long rows in blocks of 4096.
 QUANT_TWO_PASS_MIN_M = 1024
-_fused_a8 = FastLaunch(fused_a8_kernel)
-_fused_a16 = FastLaunch(fused_a16_kernel)
-_quant_rows = FastLaunch(quant_rows_kernel)
-_split_k_reduce = FastLaunch(split_k_reduce_kernel)
 
 
 def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch.dtype):
@@ -44,7 +38,7 @@ def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch
 
 def _reduce(ws: torch.Tensor, bias, out: torch.Tensor, splits: int, row_scale=None, col_scale=None) -> None:
     m, n = out.shape
-    _split_k_reduce[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+    split_k_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
         ws, row_scale if row_scale is not None else ws, col_scale if col_scale is not None else ws,
         bias if bias is not None else out, out, m, n, bias.stride(0) if bias is not None else 0, out.stride(0),
         HAS_ROW_SCALE=row_scale is not None, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None,
@@ -58,7 +52,7 @@ def linear_a16(x, weight_packed, weight_scale, bias, layout: str, config: config
     n = weight_packed.shape[0]
     grid, splits, out, ws = _setup(x, n, config, x.dtype)
     w32 = weight_packed.view(torch.int32)
-    _fused_a16[grid](
+    fused_a16_kernel[grid](
         x, w32, weight_scale, bias if bias is not None else x, out, ws,
         m, n, k,
         x.stride(0), w32.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
@@ -88,7 +82,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # L2), which keeps the kernel near HBM speed (probe_a8_dense.py --quant on the H200: 101 us
     # against 172 us at M = 8192, K = 14336; the same time where K <= 4096).
     block_k = min(16384 if m < QUANT_TWO_PASS_MIN_M else 4096, triton.next_power_of_2(k))
-    _quant_rows[(m,)](
+    quant_rows_kernel[(m,)](
         x, q, qs, k, x.stride(0), q.stride(0),
         BLOCK_K=block_k, num_warps=8 if block_k >= 8192 else 4,
         # x * inv must round to fp32 before the rounding to an integer, as in the reference.
@@ -111,7 +105,7 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
     n = weight_packed.shape[0]
     grid, splits, out, ws = _setup(q, n, config, dtype)
     w32 = weight_packed.view(torch.int32)
-    _fused_a8[grid](
+    fused_a8_kernel[grid](
         q, qs, w32, weight_scale, bias if bias is not None else out, out, ws,
         m, n, k,
         q.stride(0), w32.stride(0), weight_scale.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
