@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 import ternop
 from ternop import backends, layouts
-from ternop.activations import quantize_rows
 from ternop import ops as ternop_ops
+from ternop.activations import quantize_rows
 from ternop.format import pack_codes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
