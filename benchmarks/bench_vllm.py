@@ -1012,7 +1012,7 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
         _save(report, args.out)
         if args.profile:
             for name in names:
-                # A throughput batch (1024 x 128 tokens, eight steps of 16384): its top kernels, and
+                # A throughput batch (1024 x 128 tokens, in steps of up to 16384): its top kernels, and
                 # the GPU's busy time against its wall time (profile_totals: device_busy_us / wall_us).
                 batch = workers[name].ask(op="profile", n=4 if args.tiny else 1024, length=128, seed=7)
                 res["models"][name]["profile"] = batch["top"]
