@@ -315,6 +315,30 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json).
 WGMMA_A8_ROW_MIN_K = 4096
 
+# Eager calls. Everything above is GPU time under CUDA graphs (bench_linear), where a call's host work
+# is gone at replay. Outside a graph (vLLM's batches above its 512 captured tokens, or plain eager
+# PyTorch) the call also pays that work, and the two int8 paths that lead at large M launch Triton
+# kernels from Python: dequant_a8 two (decode, GEMM), triton_a8 one. benchmarks/probe_host_call.py --a8
+# --all-backends at 24815a1 (results/h200/probe_host_call_a8_24815a1.json: 50 eager calls in a row on
+# each of the embedder's four layers, the host's issue time and the wall time to the last kernel's end,
+# per call): at M = 2048 dequant_a8 issued in 101-105 us and triton_a8 in 70-73, and their wall time
+# was the same (the GPU waited on the host), where cuda_wgmma_a8, one launch from C++, issued in 17-19 us
+# and finished in 18-53. At M = 16384 the kernels set the pace: cuda_wgmma_a8 took 113-418 us a call
+# against dequant_a8's 103-240. Its kernel time grows with M * N * K (the four layers at 16384: 2.9 to
+# 4.4 ns per million multiply-adds), dequant_a8's host time does not; it reaches dequant_a8's 102 us
+# between M * N * K = 2.3e10 (1024 -> 4096) and 3.6e10 (3072 -> 1024). Up to EAGER_A8_ROW_MAX_MNK = 2^34
+# (1.7e10, at most about 76 us of its kernel on these layers) an eager row-scaled int8 call goes to
+# cuda_wgmma_a8 (registry._eager_a8_row). Only row scales: with them every W2A8 backend gives the same
+# bits (ternop/activations.py), so the same call gives the same output captured or eager; with block
+# scales the kernels may round differently.
+EAGER_A8_ROW_MAX_MNK = 1 << 34
+
+
+def eager_a8_row_host_bound(m: int, n: int, k: int) -> bool:
+    """Whether an eager row-scaled int8 (M, N, K) is small enough that the host time of the Triton paths
+    would exceed cuda_wgmma_a8's kernel time (see above)."""
+    return m * n * k <= EAGER_A8_ROW_MAX_MNK
+
 
 def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
     """(tile, CTAs) of a row-scaled cuda_wgmma_a8 launch before any split of K, as

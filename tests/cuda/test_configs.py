@@ -231,25 +231,33 @@ def test_wgmma_declines_follows_its_constants():
         assert configs.wgmma_declines(small_top + 1, n, k) != "" and configs.wgmma_declines(top, n, k) != ""
 
 
-def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
-    """With a scale per 128 weights the int8 Hopper kernel did not beat triton_a8 on the H200, so the
-    dispatcher passes it over with that reason even where everything it needs is present; forcing
-    it still runs it. With a scale per row it takes the K >= 4096 layers from M = 17 where its
-    64-token CTAs of 128 rows fill 70% of the SMs (up to M = 64), at M = 65..128, and where its CTAs
-    leave no last wave under 80% full (M = 129..2047); of the shorter layers, N <= 1024 at M = 256..2047."""
-    from types import SimpleNamespace
-
+def _hopper_ready(monkeypatch):
+    """An sm_90a build on an H200 as far as the registry asks, with no GPU touched."""
     _sm90(monkeypatch)
-    monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
     monkeypatch.setattr(registry, "_cuda_ext_ready", lambda call, layouts: (True, ""))
     monkeypatch.setattr(registry, "_hopper_wgmma", lambda call: "")
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
-    def call(m, k=4096, n=14336, scales=1, bits=8):
-        x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
-        w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
-        return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, "a8")
+
+def _a8_call(m, k=4096, n=14336, scales=1, bits=8):
+    from types import SimpleNamespace
+
+    x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
+    w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
+    return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, "a8")
+
+
+def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
+    """Under CUDA-graph capture, with a scale per 128 weights the int8 Hopper kernel did not beat
+    triton_a8 on the H200, so the dispatcher passes it over with that reason even where everything it
+    needs is present; forcing it still runs it. With a scale per row it takes the K >= 4096 layers
+    from M = 17 where its 64-token CTAs of 128 rows fill 70% of the SMs (up to M = 64), at
+    M = 65..128, and where its CTAs leave no last wave under 80% full (M = 129..2047); of the shorter
+    layers, N <= 1024 at M = 256..2047."""
+    _hopper_ready(monkeypatch)
+    monkeypatch.setattr(registry, "_capturing", lambda: True)
+    call = _a8_call
 
     ok, why = registry._can_cuda_wgmma_a8(call(2048, scales=32))
     assert not ok and "not faster than triton_a8" in why and "TERNOP_BACKEND=cuda_wgmma_a8" in why
@@ -347,3 +355,59 @@ def test_wgmma_a8_row_rule_picks_the_faster_kernel_of_its_run(monkeypatch):
     # Not one kernel everywhere: each takes a good share of the points.
     taken = sum(configs.wgmma_a8_row_declines(m, n, k, DEV) == "" for m, n, k in cells)
     assert 30 <= taken <= 50, taken
+
+
+def test_registry_eager_row_a8_goes_to_the_one_cpp_launch(monkeypatch):
+    """Outside CUDA-graph capture a row-scaled int8 call from M = 17 up to M * N * K = 2^34 goes to
+    cuda_wgmma_a8, whose one launch from C++ costs less host time than dequant_a8's two Triton
+    launches or triton_a8's one; above that bound, under capture, with block scales, with the Hopper
+    kernel skipped, or with dequant_a8 forced, the choice is the table's as before."""
+    _hopper_ready(monkeypatch)
+    eager = {"on": True}
+    monkeypatch.setattr(registry, "_capturing", lambda: not eager["on"])
+    call = _a8_call
+    top = configs.EAGER_A8_ROW_MAX_MNK // (4096 * 1024)  # 4096 on 1024 -> 4096
+    for m in (17, 64, 256, 2048, top):
+        assert registry._can_cuda_wgmma_a8(call(m, k=1024, n=4096)) == (True, ""), m
+    ok, why = registry._can_cuda_wgmma_a8(call(top + 1, k=1024, n=4096))
+    assert not ok and "triton_a8 is faster below K=4096" in why
+    assert "below M=17" in registry._can_cuda_wgmma_a8(call(16, k=1024, n=4096))[1]  # cuda_mma_a8's
+    assert "not faster than triton_a8" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096, scales=8))[1]
+    # dequant_a8 would take 2048 x 6144 (768 tiles for 132 SMs) and leaves it to the Hopper kernel.
+    ok, why = registry._can_dequant_a8(call(2048, k=1024, n=6144))
+    assert not ok and "outside a CUDA graph" in why and "EAGER_A8_ROW_MAX_MNK" in why
+    assert registry._can_dequant_a8(call(8192, k=1024, n=6144)) == (True, "")  # 2^35.6: the kernels' time
+    monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
+    assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
+    monkeypatch.delenv("TERNOP_SKIP_BACKENDS")
+    monkeypatch.setenv("TERNOP_BACKEND", "dequant_a8")
+    assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
+    monkeypatch.delenv("TERNOP_BACKEND")
+    eager["on"] = False
+    assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
+    assert "triton_a8 is faster below K=4096" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))[1]
+
+
+def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe():
+    """configs.EAGER_A8_ROW_MAX_MNK against the probe it was set from (50 eager calls in a row of each
+    int8 backend, forced, on the embedder's four layers at M = 2048 and 16384, on an H200): at every
+    point the rule's side, cuda_wgmma_a8 or the backend the table picks, finished its calls first: at
+    M = 2048, where the rule takes cuda_wgmma_a8, the table's pick took 1.9-4.0x as long; at 16384,
+    where it does not, cuda_wgmma_a8 took 1.1-1.9x as long."""
+    import json
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_a8_24815a1.json"
+    points = 0
+    for row in json.loads(run.read_text())["results"]:
+        m, n, k = row["M"], row["N"], row["K"]
+        if m < 2048:
+            continue  # cuda_mma_a8's M, which the rule leaves alone
+        wall = {name: t["gpu_us"] for name, t in row["by_backend"].items()}
+        cpp, table = wall["cuda_wgmma_a8"], wall[row["backend"]]
+        if configs.eager_a8_row_host_bound(m, n, k):
+            assert table >= 1.5 * cpp, (m, n, k, cpp, table)
+        else:
+            assert cpp > table, (m, n, k, cpp, table)
+        points += 1
+    assert points == 8

@@ -755,6 +755,46 @@ def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
     _assert_a8_row_capture_and_compile_match_eager(x, packed, row)
 
 
+def test_linear_cuda_a8_row_eager_and_captured_calls_choose_apart_and_agree(monkeypatch):
+    """Outside CUDA-graph capture a row-scaled int8 call whose M * N * K is at most
+    configs.EAGER_A8_ROW_MAX_MNK runs on cuda_wgmma_a8 (one launch from C++); the same call captured
+    takes the table's backend, dequant_a8 on 1024 -> 6144 at M = 2048. Eager, replayed and the CPU
+    reference give the same bits."""
+    from ternop.cuda import configs, cuda_ext
+    from ternop.cuda.launch_fused import quantize_rows
+
+    v1, _ = _weights(6144, 1024)
+    packed, row = layouts.repack(v1, "a8"), _row_scale(6144)
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
+        pytest.skip("cuda_wgmma_a8 runs on compute capability 9.0 with an sm_90a build")
+    if configs.dequant_a8_declines(2048, 6144, x.device):
+        pytest.skip("dequant_a8 leaves this layer to the fused kernels on a GPU of this many SMs")
+    assert configs.eager_a8_row_host_bound(2048, 6144, 1024)
+    q, qs = quantize_rows(x)
+    call = backends.LinearCall(q, packed, row, None, 8, "a8", qs, torch.bfloat16)
+
+    def run():
+        return ternop.linear_q8(q, qs, packed, row, out_dtype=torch.bfloat16, layout="a8")
+
+    _force(monkeypatch, "dequant_a8")
+    run()  # compiles the Triton kernels the captured call will launch
+    monkeypatch.delenv(backends.ENV_BACKEND)
+    assert backends.select(call).name == "cuda_wgmma_a8"
+    eager = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_by = backends.select(call).name
+        captured = run()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert captured_by == "dequant_a8"
+    assert torch.equal(captured, eager)
+    want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), out_dtype=torch.bfloat16, layout="a8")
+    assert torch.equal(eager.cpu(), want)
+
+
 @pytest.mark.parametrize("m", [3, 200, 2100])
 def test_linear_cuda_a8_row_scales_graph_capture_and_compile(m):
     v1, _ = _weights(520, 1024)
