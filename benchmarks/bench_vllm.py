@@ -3,7 +3,7 @@
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
         [--profile] [--pyprofile] [--control] [--cpus LIST|all] [--repeats 5] [--decode-runs 3]
         [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused | --a8-unfused-only] [--a8-in-graph]
-        [--engine-process separate|in-process]
+        [--engine-process separate|in-process] [--max-batched-tokens N]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -18,8 +18,12 @@ Workloads (random weights; speed does not depend on their values):
           8192x128, 2048x512 and 32768x16 tokens (runs of seconds, not fractions); p50/p90 of
           single 16- and 128-token queries, new prompts each time, one query at a time
           alternating between the engines (a query is host-bound, and the host's speed drifts);
-          weight memory of the loaded model. Every engine process is pinned to the same CPUs
-          (--cpus), so that none runs on a better-placed core than another. Each figure is the
+          weight memory of the loaded model. --max-batched-tokens N caps the tokens of one
+          engine step (vLLM's max_num_batched_tokens, by default 16384 for `LLM` on an H200 and
+          8192 for `vllm serve`): at 2048 every throughput step runs 2048 tokens outside the CUDA
+          graphs, the middle batch sizes of a lightly loaded server. Every engine process is
+          pinned to the same CPUs (--cpus), so that none runs on a better-placed core than
+          another. Each figure is the
           median over the rounds, with min and max; ratios come from the medians, and the
           per-round ratios give their spread. Around the single queries each engine also records
           its calling thread's CPU time, page faults and context switches, and right after each
@@ -493,7 +497,8 @@ def worker_embed(args) -> None:
     tiny = args.tiny
     llm = LLM(model=args.model, runner="pooling", convert="embed", dtype=args.dtype,
               max_model_len=1024, gpu_memory_utilization=0.3 if tiny else args.gpu_fraction, seed=0,
-              **({"load_format": "dummy"} if args.dummy else {}))  # fmt: skip
+              **({"load_format": "dummy"} if args.dummy else {}),
+              **({"max_num_batched_tokens": args.max_batched_tokens} if args.max_batched_tokens else {}))  # fmt: skip
     if os.environ.get("TERNOP_BENCH_LOAD_TERNOP") == "1":
         _load_ternop(EMBED_SHAPE if not tiny else TINY_SHAPE, args.dtype)
     llm.embed(_prompts(8, 32, 0), use_tqdm=False)  # warm-up
@@ -797,6 +802,9 @@ def main() -> None:
                         help="embed: TERNOP_KEEP_STACK_CHUNKS=0 in every engine, so that the plugin leaves CPython's "
                              "frame-stack chunks alone (ternop.vllm_plugin.stack_chunks; on by default)")  # fmt: skip
     parser.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU memory per embedding worker")
+    parser.add_argument("--max-batched-tokens", type=int, default=None, metavar="N",
+                        help="embed: the most tokens one engine step runs (vLLM's max_num_batched_tokens, at "
+                             "least the model length of 1024; default: vLLM's)")  # fmt: skip
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
                              "model's host-side speed follows the order its process started in")
@@ -858,6 +866,7 @@ class _Worker:
         cmd = [sys.executable, __file__, "--worker", "embed", "--model", str(model), "--dtype", args.dtype,
                "--gpu-fraction", str(args.gpu_fraction)]  # fmt: skip
         cmd += ["--tiny"] if args.tiny else []
+        cmd += ["--max-batched-tokens", str(args.max_batched_tokens)] if args.max_batched_tokens else []
         env = {**os.environ, **_engine_env(args), **(env_extra or {})}
         self.name = name
         # Every engine on the same CPUs (they never run at once): neither gets a better place.
