@@ -10,9 +10,10 @@ call key is first seen, like the choice it changes.
 
 The choice is made inside the op at run time, so a graph traced once with a symbolic M
 (as vLLM does) still picks the right kernel for every batch size. The answer depends only
-on the call's ``key`` (device, dtypes, shape, alignment, mode, layout, and whether a CUDA
-graph is being captured), so it is cached per key: a served model pays the walk through the
-registry once per batch size.
+on the call's ``key`` (device, dtypes, shape, alignment, mode, layout), so it is cached
+per key: a served model pays the walk through the registry once per batch size. It never
+depends on whether a CUDA graph is being captured: a captured call takes what the same call
+took eagerly, whose kernels are then already loaded.
 """
 
 from __future__ import annotations
@@ -76,8 +77,7 @@ class LinearCall(NamedTuple):
         return self.x.shape[1]
 
     def key(self) -> tuple:
-        """Everything a backend's answer may depend on, whether a CUDA graph is being captured included:
-        a captured call replays without its host work, so the CUDA registry may answer differently."""
+        """Everything a backend's answer may depend on."""
         x, w = self.x, self.weight_packed
         m, k = x.shape
         return (
@@ -85,7 +85,6 @@ class LinearCall(NamedTuple):
             x.data_ptr() % 16, w.data_ptr() % 16, self.bias is None, self.activation_bits, self.layout,
             self.weight_scale.shape[1] == 1,  # a scale per row
             self.out_dtype,
-            x.is_cuda and torch.cuda.is_current_stream_capturing(),
         )
 
 

@@ -16,6 +16,7 @@ measurements that chose each, so that every dispatch number sits beside the run 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -315,29 +316,52 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json).
 WGMMA_A8_ROW_MIN_K = 4096
 
-# Eager calls. Everything above is GPU time under CUDA graphs (bench_linear), where a call's host work
-# is gone at replay. Outside a graph (vLLM's batches above its 512 captured tokens, or plain eager
-# PyTorch) the call also pays that work, and the two int8 paths that lead at large M launch Triton
-# kernels from Python: dequant_a8 two (decode, GEMM), triton_a8 one. benchmarks/probe_host_call.py --a8
-# --all-backends at 24815a1 (results/h200/probe_host_call_a8_24815a1.json: 50 eager calls in a row on
-# each of the embedder's four layers, the host's issue time and the wall time to the last kernel's end,
-# per call): at M = 2048 dequant_a8 issued in 101-105 us and triton_a8 in 70-73, and their wall time
-# was the same (the GPU waited on the host), where cuda_wgmma_a8, one launch from C++, issued in 17-19 us
-# and finished in 18-53. At M = 16384 the kernels set the pace: cuda_wgmma_a8 took 113-418 us a call
-# against dequant_a8's 103-240. Its kernel time grows with M * N * K (the four layers at 16384: 2.9 to
-# 4.4 ns per million multiply-adds), dequant_a8's host time does not; it reaches dequant_a8's 102 us
-# between M * N * K = 2.3e10 (1024 -> 4096) and 3.6e10 (3072 -> 1024). Up to EAGER_A8_ROW_MAX_MNK = 2^34
-# (1.7e10, at most about 76 us of its kernel on these layers) an eager row-scaled int8 call goes to
-# cuda_wgmma_a8 (registry._eager_a8_row). Only row scales: with them every W2A8 backend gives the same
-# bits (ternop/activations.py), so the same call gives the same output captured or eager; with block
-# scales the kernels may round differently.
+# Calls outside CUDA graphs. Everything above is GPU time under CUDA graphs (bench_linear), where a
+# call's host work is gone at replay. vLLM captures batches up to 512 tokens (its default
+# max_cudagraph_capture_size) and runs larger ones eagerly, and there each call also pays that work.
+# The two int8 paths that lead at large M launch Triton kernels from Python: dequant_a8 two (decode,
+# GEMM), triton_a8 one. benchmarks/probe_host_call.py --a8 --all-backends at 24815a1
+# (results/h200/probe_host_call_a8_24815a1.json: 50 eager calls in a row on each of the embedder's four
+# layers, the host's issue time and the wall time to the last kernel's end, per call): at M = 2048
+# dequant_a8 issued in 101-105 us and triton_a8 in 70-73, and their wall time was the same (the GPU
+# waited on the host), where cuda_wgmma_a8, one launch from C++, issued in 17-19 us and finished in
+# 18-53. At M = 16384 the kernels set the pace: cuda_wgmma_a8 took 113-418 us a call against
+# dequant_a8's 103-240. Its kernel time grows with M * N * K (the four layers at 16384: 2.9 to 4.4 ns
+# per million multiply-adds), dequant_a8's host time does not; it reaches dequant_a8's 102 us between
+# M * N * K = 2.3e10 (1024 -> 4096) and 3.6e10 (3072 -> 1024). So a row-scaled int8 call above
+# GRAPH_MAX_M tokens and up to EAGER_A8_ROW_MAX_MNK = 2^34 (1.7e10, at most about 76 us of its kernel on
+# these layers) goes to cuda_wgmma_a8 (registry._eager_a8_row).
+# - By M, not by whether a graph is being captured: vLLM runs each size once eagerly before capturing
+#   it, and a Triton kernel first loaded while a stream captures fails (the driver refuses to load a
+#   module then), so the captured call must take what its warm-up took. A batch above GRAPH_MAX_M
+#   that is captured anyway (a larger max_cudagraph_capture_size, or torch.cuda.graph by hand) runs
+#   cuda_wgmma_a8 there too: correct, and at most the kernel-time difference slower. TERNOP_GRAPH_MAX_M
+#   sets the bound to another capture size; it is read when a call key is first seen.
+# - Only row scales: with them every W2A8 backend gives the same bits (ternop/activations.py), so the
+#   rule changes no result; with block scales the kernels may round differently.
+GRAPH_MAX_M = 512
+ENV_GRAPH_MAX_M = "TERNOP_GRAPH_MAX_M"
 EAGER_A8_ROW_MAX_MNK = 1 << 34
 
 
+def graph_max_m() -> int:
+    """The largest M taken to run inside a CUDA graph: TERNOP_GRAPH_MAX_M, else GRAPH_MAX_M."""
+    text = os.environ.get(ENV_GRAPH_MAX_M, "").strip()
+    if not text:
+        return GRAPH_MAX_M
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{ENV_GRAPH_MAX_M}={text!r}: expected a whole number of tokens, 0 or more")
+    return value
+
+
 def eager_a8_row_host_bound(m: int, n: int, k: int) -> bool:
-    """Whether an eager row-scaled int8 (M, N, K) is small enough that the host time of the Triton paths
-    would exceed cuda_wgmma_a8's kernel time (see above)."""
-    return m * n * k <= EAGER_A8_ROW_MAX_MNK
+    """Whether a row-scaled int8 (M, N, K) runs outside vLLM's CUDA graphs (M > graph_max_m()) on a
+    product small enough that the Triton paths' host time exceeds cuda_wgmma_a8's kernel time."""
+    return m > graph_max_m() and m * n * k <= EAGER_A8_ROW_MAX_MNK
 
 
 def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:

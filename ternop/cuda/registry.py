@@ -9,8 +9,8 @@ Order (lower priority first):
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
-| ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up (eagerly, above ``configs.EAGER_A8_ROW_MAX_MNK``) | int8 (any float x) | all |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, every row-scaled call from M = 17 outside CUDA-graph capture up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
+| ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK`` | int8 (any float x) | all |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -22,8 +22,9 @@ Order (lower priority first):
 Which M each one takes comes from the static per-architecture table in
 ``ternop.cuda.configs``; the choice is made per call from the real M, so one compiled graph
 serves every batch size. The table ranks GPU time under CUDA graphs; a row-scaled int8 call
-outside graph capture also pays its host time, and below ``configs.EAGER_A8_ROW_MAX_MNK`` goes
-to the one C++ launch of ``cuda_wgmma_a8`` (the same bits as the others; ``_eager_a8_row``).
+above the M that vLLM captures (``configs.GRAPH_MAX_M``) also pays its host time, and below
+``configs.EAGER_A8_ROW_MAX_MNK`` goes to the one C++ launch of ``cuda_wgmma_a8`` (the same bits
+as the others; ``_eager_a8_row``).
 
 Activations of 8 bits only ever run on ``cuda_mma_a8_fused``, ``cuda_mma_a8``, ``dequant_a8``,
 ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend falls back to another
@@ -233,8 +234,9 @@ def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
         if why:
             return False, why
         if _eager_a8_row(call) and "cuda_wgmma_a8" not in backends.skipped() and _can_cuda_wgmma_a8(call)[0]:
-            return False, (f"M={call.m}, N={call.n}, K={call.k} outside a CUDA graph: cuda_wgmma_a8's one launch "
-                           f"from C++ costs less than this path's two from Python (configs.EAGER_A8_ROW_MAX_MNK)")
+            return False, (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
+                           f"launch from C++ costs less than this path's two from Python "
+                           f"(configs.EAGER_A8_ROW_MAX_MNK)")
     mod, why = _module("launch_dequant_a8")
     return (mod is not None), why
 
@@ -424,16 +426,12 @@ def _hopper_wgmma(call: backends.LinearCall) -> str:
     return ""
 
 
-def _capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (asked only of calls on CUDA tensors)."""
-    return torch.cuda.is_current_stream_capturing()
-
-
 def _eager_a8_row(call: backends.LinearCall) -> bool:
-    """Whether a row-scaled int8 call runs outside CUDA-graph capture on a product small enough that the
-    Triton paths' host time would cost more than cuda_wgmma_a8's kernel (configs.EAGER_A8_ROW_MAX_MNK)."""
+    """Whether a row-scaled int8 call has an M that vLLM runs outside CUDA graphs, on a product small
+    enough that the Triton paths' host time would cost more than cuda_wgmma_a8's kernel
+    (configs.EAGER_A8_ROW_MAX_MNK)."""
     return (call.activation_bits == 8 and call.weight_scale.shape[1] == 1
-            and configs.eager_a8_row_host_bound(call.m, call.n, call.k) and not _capturing())  # fmt: skip
+            and configs.eager_a8_row_host_bound(call.m, call.n, call.k))  # fmt: skip
 
 
 def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
@@ -452,9 +450,10 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         return ok, why
     why = _hopper_wgmma(call)
     if not why and not _forced("cuda_wgmma_a8") and call.weight_scale.shape[1] == 1:
-        # Row scales: under a CUDA graph where it ran faster than triton_a8 (configs.wgmma_a8_row_declines
-        # cites the runs; dequant_a8 goes first from M = 2048 and takes most of the calls there); eagerly,
-        # every call whose kernel costs less than those paths' host time (configs.EAGER_A8_ROW_MAX_MNK).
+        # Row scales: where it ran faster than triton_a8 under CUDA graphs (configs.wgmma_a8_row_declines
+        # cites the runs; dequant_a8 goes first from M = 2048 and takes most of the calls there); above
+        # the graphs' M, every call whose kernel costs less than those paths' host time
+        # (configs.EAGER_A8_ROW_MAX_MNK).
         if not _eager_a8_row(call):
             why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device)
     elif not why and not _forced("cuda_wgmma_a8"):

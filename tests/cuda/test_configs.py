@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ternop import backends
@@ -249,14 +250,14 @@ def _a8_call(m, k=4096, n=14336, scales=1, bits=8):
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
-    """Under CUDA-graph capture, with a scale per 128 weights the int8 Hopper kernel did not beat
-    triton_a8 on the H200, so the dispatcher passes it over with that reason even where everything it
-    needs is present; forcing it still runs it. With a scale per row it takes the K >= 4096 layers
-    from M = 17 where its 64-token CTAs of 128 rows fill 70% of the SMs (up to M = 64), at
-    M = 65..128, and where its CTAs leave no last wave under 80% full (M = 129..2047); of the shorter
-    layers, N <= 1024 at M = 256..2047."""
+    """By GPU time under CUDA graphs (every M taken to be captured here), with a scale per 128 weights
+    the int8 Hopper kernel did not beat triton_a8 on the H200, so the dispatcher passes it over with
+    that reason even where everything it needs is present; forcing it still runs it. With a scale
+    per row it takes the K >= 4096 layers from M = 17 where its 64-token CTAs of 128 rows fill 70%
+    of the SMs (up to M = 64), at M = 65..128, and where its CTAs leave no last wave under 80% full
+    (M = 129..2047); of the shorter layers, N <= 1024 at M = 256..2047."""
     _hopper_ready(monkeypatch)
-    monkeypatch.setattr(registry, "_capturing", lambda: True)
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
     call = _a8_call
 
     ok, why = registry._can_cuda_wgmma_a8(call(2048, scales=32))
@@ -357,25 +358,26 @@ def test_wgmma_a8_row_rule_picks_the_faster_kernel_of_its_run(monkeypatch):
     assert 30 <= taken <= 50, taken
 
 
-def test_registry_eager_row_a8_goes_to_the_one_cpp_launch(monkeypatch):
-    """Outside CUDA-graph capture a row-scaled int8 call from M = 17 up to M * N * K = 2^34 goes to
+def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch):
+    """A row-scaled int8 call above vLLM's CUDA-graph sizes (M > 512) and up to M * N * K = 2^34 goes to
     cuda_wgmma_a8, whose one launch from C++ costs less host time than dequant_a8's two Triton
-    launches or triton_a8's one; above that bound, under capture, with block scales, with the Hopper
-    kernel skipped, or with dequant_a8 forced, the choice is the table's as before."""
+    launches or triton_a8's one. At the graphs' M, above that product, with block scales, with the
+    Hopper kernel skipped, or with dequant_a8 forced, the choice is the table's. TERNOP_GRAPH_MAX_M
+    moves the graphs' bound, and a bad value is refused by name."""
     _hopper_ready(monkeypatch)
-    eager = {"on": True}
-    monkeypatch.setattr(registry, "_capturing", lambda: not eager["on"])
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
     call = _a8_call
+    assert configs.graph_max_m() == configs.GRAPH_MAX_M == 512
     top = configs.EAGER_A8_ROW_MAX_MNK // (4096 * 1024)  # 4096 on 1024 -> 4096
-    for m in (17, 64, 256, 2048, top):
+    for m in (513, 1024, 2048, top):
         assert registry._can_cuda_wgmma_a8(call(m, k=1024, n=4096)) == (True, ""), m
-    ok, why = registry._can_cuda_wgmma_a8(call(top + 1, k=1024, n=4096))
-    assert not ok and "triton_a8 is faster below K=4096" in why
-    assert "below M=17" in registry._can_cuda_wgmma_a8(call(16, k=1024, n=4096))[1]  # cuda_mma_a8's
+    for m in (64, 512, top + 1):  # the graphs' M: triton_a8 leads on these K = 1024 layers; past the product
+        ok, why = registry._can_cuda_wgmma_a8(call(m, k=1024, n=4096))
+        assert not ok and "triton_a8 is faster below K=4096" in why, m
     assert "not faster than triton_a8" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096, scales=8))[1]
     # dequant_a8 would take 2048 x 6144 (768 tiles for 132 SMs) and leaves it to the Hopper kernel.
     ok, why = registry._can_dequant_a8(call(2048, k=1024, n=6144))
-    assert not ok and "outside a CUDA graph" in why and "EAGER_A8_ROW_MAX_MNK" in why
+    assert not ok and "runs outside CUDA graphs" in why and "EAGER_A8_ROW_MAX_MNK" in why
     assert registry._can_dequant_a8(call(8192, k=1024, n=6144)) == (True, "")  # 2^35.6: the kernels' time
     monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
     assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
@@ -383,9 +385,14 @@ def test_registry_eager_row_a8_goes_to_the_one_cpp_launch(monkeypatch):
     monkeypatch.setenv("TERNOP_BACKEND", "dequant_a8")
     assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
     monkeypatch.delenv("TERNOP_BACKEND")
-    eager["on"] = False
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2048")  # a larger capture size: 2048 is a graph's M now
     assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
     assert "triton_a8 is faster below K=4096" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))[1]
+    assert registry._can_cuda_wgmma_a8(call(2049, k=1024, n=4096)) == (True, "")
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv("TERNOP_GRAPH_MAX_M", bad)
+        with pytest.raises(ValueError, match="TERNOP_GRAPH_MAX_M"):
+            registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))
 
 
 def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe():
@@ -401,8 +408,8 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe():
     points = 0
     for row in json.loads(run.read_text())["results"]:
         m, n, k = row["M"], row["N"], row["K"]
-        if m < 2048:
-            continue  # cuda_mma_a8's M, which the rule leaves alone
+        if m <= configs.GRAPH_MAX_M:
+            continue  # run inside CUDA graphs, where host time is not paid
         wall = {name: t["gpu_us"] for name, t in row["by_backend"].items()}
         cpp, table = wall["cuda_wgmma_a8"], wall[row["backend"]]
         if configs.eager_a8_row_host_bound(m, n, k):

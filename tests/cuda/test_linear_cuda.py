@@ -755,43 +755,51 @@ def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
     _assert_a8_row_capture_and_compile_match_eager(x, packed, row)
 
 
-def test_linear_cuda_a8_row_eager_and_captured_calls_choose_apart_and_agree(monkeypatch):
-    """Outside CUDA-graph capture a row-scaled int8 call whose M * N * K is at most
-    configs.EAGER_A8_ROW_MAX_MNK runs on cuda_wgmma_a8 (one launch from C++); the same call captured
-    takes the table's backend, dequant_a8 on 1024 -> 6144 at M = 2048. Eager, replayed and the CPU
-    reference give the same bits."""
+def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(monkeypatch):
+    """A row-scaled int8 call above vLLM's CUDA-graph sizes with M * N * K up to
+    configs.EAGER_A8_ROW_MAX_MNK runs on cuda_wgmma_a8 (one launch from C++): 1024 -> 6144 at M = 2048.
+    One token row more than the product allows goes back to the table's dequant_a8. The choice does not
+    depend on capture, so the same call captured after its eager warm-up replays the same kernel, with
+    the bits of eager and of the CPU reference."""
     from ternop.cuda import configs, cuda_ext
     from ternop.cuda.launch_fused import quantize_rows
 
+    monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(configs.ENV_GRAPH_MAX_M, raising=False)
     v1, _ = _weights(6144, 1024)
     packed, row = layouts.repack(v1, "a8"), _row_scale(6144)
-    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    top = configs.EAGER_A8_ROW_MAX_MNK // (6144 * 1024)
+    x = torch.randn(top + 1, 1024, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
     if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
         pytest.skip("cuda_wgmma_a8 runs on compute capability 9.0 with an sm_90a build")
-    if configs.dequant_a8_declines(2048, 6144, x.device):
+    if configs.dequant_a8_declines(top + 1, 6144, x.device):
         pytest.skip("dequant_a8 leaves this layer to the fused kernels on a GPU of this many SMs")
-    assert configs.eager_a8_row_host_bound(2048, 6144, 1024)
     q, qs = quantize_rows(x)
-    call = backends.LinearCall(q, packed, row, None, 8, "a8", qs, torch.bfloat16)
+
+    def call(m):
+        return backends.LinearCall(q[:m], packed, row, None, 8, "a8", qs[:m], torch.bfloat16)
+
+    assert backends.select(call(2048)).name == "cuda_wgmma_a8"
+    assert backends.select(call(top)).name == "cuda_wgmma_a8"
+    assert backends.select(call(top + 1)).name == "dequant_a8"
+    q2, qs2 = q[:2048].clone(), qs[:2048].clone()
 
     def run():
-        return ternop.linear_q8(q, qs, packed, row, out_dtype=torch.bfloat16, layout="a8")
+        return ternop.linear_q8(q2, qs2, packed, row, out_dtype=torch.bfloat16, layout="a8")
 
-    _force(monkeypatch, "dequant_a8")
-    run()  # compiles the Triton kernels the captured call will launch
-    monkeypatch.delenv(backends.ENV_BACKEND)
-    assert backends.select(call).name == "cuda_wgmma_a8"
-    eager = run()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up a captured call gets, as vLLM gives it
+        eager = run()
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured_by = backends.select(call).name
         captured = run()
     graph.replay()
     torch.cuda.synchronize()
-    assert captured_by == "dequant_a8"
     assert torch.equal(captured, eager)
-    want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), out_dtype=torch.bfloat16, layout="a8")
+    want = ternop.linear_q8(q2.cpu(), qs2.cpu(), packed.cpu(), row.cpu(), out_dtype=torch.bfloat16, layout="a8")
     assert torch.equal(eager.cpu(), want)
 
 
