@@ -45,6 +45,12 @@ also where the dispatch's speed rules, such as a backend's smallest M, keep it o
 vLLM is importable, ``marlin_w4a16``: vLLM's Marlin kernel on GPTQ int4 weights (group 128,
 no act-order), what a user would otherwise pick to shrink weights. The report is stamped
 with the git commit of the code it ran.
+
+Every time here is GPU time under CUDA graphs. Above M = 512 the dispatcher gives row-scaled
+int8 calls up to M * N * K = 2^34 to ``cuda_wgmma_a8`` for its host time, which vLLM pays there
+(``ternop.cuda.configs.EAGER_A8_ROW_MAX_MNK``), so ``ternop_a8_row`` and ``ternop_q8_row`` show that
+kernel at those points; ``TERNOP_GRAPH_MAX_M=1000000000`` makes the dispatcher choose by GPU
+time alone, as it did before that rule. The JSON records the value it ran with.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ import torch.nn.functional as F
 import ternop
 from ternop import backends, layouts
 from ternop.activations import quantize_rows
+from ternop.cuda import configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stamp import git_commit  # noqa: E402
@@ -339,6 +346,7 @@ def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
                   "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
         "backends_below_floors": below_floors,
+        "graph_max_m": configs.graph_max_m(),  # above it, row-scaled int8 follows the eager rule
         "results": results,
     }
 
