@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ternop import backends
+
 
 @dataclass(frozen=True)
 class GemvConfig:
@@ -335,8 +337,10 @@ WGMMA_A8_ROW_MIN_K = 4096
 #   it, and a Triton kernel first loaded while a stream captures fails (the driver refuses to load a
 #   module then), so the captured call must take what its warm-up took. A batch above GRAPH_MAX_M
 #   that is captured anyway (a larger max_cudagraph_capture_size, or torch.cuda.graph by hand) runs
-#   cuda_wgmma_a8 there too: correct, and at most the kernel-time difference slower. TERNOP_GRAPH_MAX_M
-#   sets the bound to another capture size; it is read when a call key is first seen.
+#   cuda_wgmma_a8 there too: correct, and at most the kernel-time difference slower. The vLLM plugin
+#   sets the bound to the engine's own max_cudagraph_capture_size (0 when it captures none: with
+#   enforce_eager every call is eager) while vLLM builds the model (set_graph_max_m);
+#   TERNOP_GRAPH_MAX_M overrides both, read when a call key is first seen.
 # - Only row scales: with them every W2A8 backend gives the same bits (ternop/activations.py), so the
 #   rule changes no result; with block scales the kernels may round differently.
 GRAPH_MAX_M = 512
@@ -344,11 +348,26 @@ ENV_GRAPH_MAX_M = "TERNOP_GRAPH_MAX_M"
 EAGER_A8_ROW_MAX_MNK = 1 << 34
 
 
+_engine_graph_max_m: int | None = None
+
+
+def set_graph_max_m(value: int | None) -> None:
+    """The largest batch the serving engine captures in a CUDA graph (vLLM's max_cudagraph_capture_size,
+    0 when it captures none), or None for GRAPH_MAX_M. Choices already made are forgotten when it changes."""
+    global _engine_graph_max_m
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"the largest captured batch must be a whole number of tokens, 0 or more, got {value!r}")
+    if value != _engine_graph_max_m:
+        _engine_graph_max_m = value
+        backends.clear_cache()
+
+
 def graph_max_m() -> int:
-    """The largest M taken to run inside a CUDA graph: TERNOP_GRAPH_MAX_M, else GRAPH_MAX_M."""
+    """The largest M taken to run inside a CUDA graph: TERNOP_GRAPH_MAX_M, else what the engine set
+    (set_graph_max_m), else GRAPH_MAX_M."""
     text = os.environ.get(ENV_GRAPH_MAX_M, "").strip()
     if not text:
-        return GRAPH_MAX_M
+        return GRAPH_MAX_M if _engine_graph_max_m is None else _engine_graph_max_m
     try:
         value = int(text)
     except ValueError:

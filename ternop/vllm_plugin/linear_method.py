@@ -81,6 +81,20 @@ def _runner() -> str | None:
     return getattr(getattr(config, "model_config", None), "runner_type", None)
 
 
+def _note_graph_max_m() -> None:
+    """Tells ternop's CUDA dispatch the largest batch the engine being built captures in a CUDA graph
+    (``max_cudagraph_capture_size``; 0 when it captures none): larger batches run eagerly, where
+    row-scaled int8 layers also weigh host time (``ternop.cuda.configs.set_graph_max_m``)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    size = getattr(getattr(config, "compilation_config", None), "max_cudagraph_capture_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        from ternop.cuda import configs
+
+        configs.set_graph_max_m(size)
+
+
 def _checked_loader(weight_loader, prefix: str, name: str, input_size: int):
     """Wraps vLLM's loader: the checkpoint tensor's dtype and K extent are checked first, and a
     shape mismatch inside vLLM's slicing is reported with the layer name instead of a bare assert."""
@@ -154,6 +168,7 @@ class TernaryLinearMethod(LinearMethodBase):
         layer.ternop_prefix = prefix
         layer.ternop_act_dtype = params_dtype
         layer.ternop_quant_in_graph = quant_in_graph(_runner())
+        _note_graph_max_m()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Checks the loaded codes and scales; casts the bias to the activation dtype once.

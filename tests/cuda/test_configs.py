@@ -233,9 +233,11 @@ def test_wgmma_declines_follows_its_constants():
 
 
 def _hopper_ready(monkeypatch):
-    """An sm_90a build on an H200 as far as the registry asks, with no GPU touched."""
+    """An sm_90a build on an H200 as far as the registry asks, with no GPU touched, and no engine's
+    CUDA-graph bound left over from another test (an in-process vLLM engine sets it)."""
     _sm90(monkeypatch)
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
     monkeypatch.setattr(registry, "_cuda_ext_ready", lambda call, layouts: (True, ""))
     monkeypatch.setattr(registry, "_hopper_wgmma", lambda call: "")
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
@@ -395,7 +397,7 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
             registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))
 
 
-def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe():
+def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe(monkeypatch):
     """configs.EAGER_A8_ROW_MAX_MNK against the probe it was set from (50 eager calls in a row of each
     int8 backend, forced, on the embedder's four layers at M = 2048 and 16384, on an H200): at every
     point the rule's side, cuda_wgmma_a8 or the backend the table picks, finished its calls first: at
@@ -404,6 +406,8 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe():
     import json
     from pathlib import Path
 
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
     run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_a8_24815a1.json"
     points = 0
     for row in json.loads(run.read_text())["results"]:
@@ -418,3 +422,26 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe():
             assert cpp > table, (m, n, k, cpp, table)
         points += 1
     assert points == 8
+
+
+def test_the_engine_sets_the_graphs_bound_and_the_environment_overrides_it(monkeypatch):
+    """set_graph_max_m (what the vLLM plugin calls with the engine's max_cudagraph_capture_size) moves the
+    bound the int8 rule starts from, forgets the choices made under the old one, and refuses a bad
+    value; TERNOP_GRAPH_MAX_M wins over it; None goes back to GRAPH_MAX_M."""
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
+    assert configs.graph_max_m() == configs.GRAPH_MAX_M
+    monkeypatch.setitem(backends._CHOICE, ("a cached choice",), None)
+    configs.set_graph_max_m(128)
+    assert configs.graph_max_m() == 128 and not backends._CHOICE
+    assert configs.eager_a8_row_host_bound(129, 4096, 1024) and not configs.eager_a8_row_host_bound(128, 4096, 1024)
+    configs.set_graph_max_m(0)  # an engine that captures no graph: every call is eager
+    assert configs.eager_a8_row_host_bound(1, 4096, 1024)
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "1024")
+    assert configs.graph_max_m() == 1024
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M")
+    for bad in (-1, 2.5, True, "512"):
+        with pytest.raises(ValueError, match="whole number of tokens"):
+            configs.set_graph_max_m(bad)
+    configs.set_graph_max_m(None)
+    assert configs.graph_max_m() == configs.GRAPH_MAX_M

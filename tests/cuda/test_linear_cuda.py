@@ -766,6 +766,8 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
 
     monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
     monkeypatch.delenv(configs.ENV_GRAPH_MAX_M, raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)  # an in-process vLLM engine may have set it
+    backends.clear_cache()
     v1, _ = _weights(6144, 1024)
     packed, row = layouts.repack(v1, "a8"), _row_scale(6144)
     top = configs.EAGER_A8_ROW_MAX_MNK // (6144 * 1024)

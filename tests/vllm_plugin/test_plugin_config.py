@@ -224,3 +224,30 @@ def test_a8_rows_with_one_scale_run_as_row_scales_and_still_reload():
     # 16-bit activations never need the row form.
     layer16, _, _ = _loaded_column(torch.float32, activation_bits=16, tied=True)
     assert not layer16.ternop_row_scaled
+
+
+def test_building_a_layer_hands_the_engines_largest_captured_batch_to_the_dispatch(monkeypatch):
+    """While vLLM builds a model, creating a ternary layer tells ternop's CUDA dispatch the largest batch the
+    engine captures in a CUDA graph (above it, calls run eagerly); outside vLLM's construction nothing changes."""
+    from types import SimpleNamespace
+
+    import vllm.config
+
+    from ternop.cuda import configs
+    from ternop.vllm_plugin import linear_method
+
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
+    engine = SimpleNamespace(compilation_config=SimpleNamespace(max_cudagraph_capture_size=128))
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: engine)
+    with simulated_rank(0, 1):
+        layer = L.ReplicatedLinear(256, 64, bias=False, quant_config=TernaryConfig(), prefix="m.proj")
+    assert isinstance(layer.quant_method, TernaryLinearMethod)
+    assert configs.graph_max_m() == 128
+    engine.compilation_config.max_cudagraph_capture_size = 0  # enforce_eager: no graphs at all
+    linear_method._note_graph_max_m()
+    assert configs.graph_max_m() == 0
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: None)
+    linear_method._note_graph_max_m()
+    assert configs.graph_max_m() == 0
+    configs.set_graph_max_m(None)
