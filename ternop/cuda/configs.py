@@ -383,6 +383,28 @@ def eager_a8_row_host_bound(m: int, n: int, k: int) -> bool:
     return m > graph_max_m() and m * n * k <= EAGER_A8_ROW_MAX_MNK
 
 
+# The same for 16-bit activations, where cuda_wgmma declines in favour of the dequantizing path (the
+# small layers above M = WGMMA_SMALL_LAYER_MAX_M, every layer above WGMMA_MAX_M): cuda_dequant is one
+# C++ op but two launches and an allocation, the others Triton. benchmarks/probe_host_call.py
+# --all-backends at 24815a1 (results/h200/probe_host_call_24815a1.json, the method above): at M = 2048
+# on 2048 -> 1024 and 3072 -> 1024, where the table picks cuda_dequant, it issued in 40-41 us a call
+# and finished in 41-43, cuda_wgmma issued in 17 and finished in 17-21. At M = 16384 the kernels set
+# the pace (cuda_wgmma 107-362 us a call on the four layers against cuda_dequant's 95-315): 3.0 to 3.5
+# ns per million multiply-adds, which reach cuda_dequant's host time (37-50 us there) between
+# M * N * K = 1.2e10 and 1.4e10. Up to EAGER_A16_MAX_MNK = 2^33 (8.6e9, at most about 30 us of its
+# kernel) a 16-bit call above graph_max_m() goes to cuda_wgmma from M = WGMMA_MID_M + 1 (below that
+# the other candidates are C++ launches too). On the 0.6B layers that is 2048 -> 1024 up to M = 4096
+# and 3072 -> 1024 up to 2730; the others already run cuda_wgmma there. Each M still has one backend,
+# captured or not.
+EAGER_A16_MAX_MNK = 1 << 33
+
+
+def eager_a16_host_bound(m: int, n: int, k: int) -> bool:
+    """Whether a 16-bit (M, N, K) above vLLM's CUDA graphs and WGMMA_MID_M is small enough that
+    cuda_wgmma's kernel costs less than the dequantizing paths' host time (see above)."""
+    return m > max(graph_max_m(), WGMMA_MID_M) and m * n * k <= EAGER_A16_MAX_MNK
+
+
 def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
     """(tile, CTAs) of a row-scaled cuda_wgmma_a8 launch before any split of K, as
     ``ternary_wgmma_a8_tile`` in ternary_wgmma_a8.cu picks the tile (tests/cuda/test_wgmma_tile_rule.py

@@ -7,7 +7,7 @@ Order (lower priority first):
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
 | ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``) | fp16/bf16 | v1, a16 |
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
-| ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up | fp16/bf16 | a16 |
+| ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK`` | int8 (any float x) | all |
 | ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
@@ -21,10 +21,10 @@ Order (lower priority first):
 
 Which M each one takes comes from the static per-architecture table in
 ``ternop.cuda.configs``; the choice is made per call from the real M, so one compiled graph
-serves every batch size. The table ranks GPU time under CUDA graphs; a row-scaled int8 call
-above the M that vLLM captures (``configs.GRAPH_MAX_M``) also pays its host time, and below
-``configs.EAGER_A8_ROW_MAX_MNK`` goes to the one C++ launch of ``cuda_wgmma_a8`` (the same bits
-as the others; ``_eager_a8_row``).
+serves every batch size. The table ranks GPU time under CUDA graphs; a call above the M that
+vLLM captures (``configs.GRAPH_MAX_M``) also pays its host time, and where its product is small
+(``configs.EAGER_A8_ROW_MAX_MNK`` for row-scaled int8, ``configs.EAGER_A16_MAX_MNK`` for 16-bit
+activations) goes to the one C++ launch of ``cuda_wgmma_a8`` or ``cuda_wgmma``.
 
 Activations of 8 bits only ever run on ``cuda_mma_a8_fused``, ``cuda_mma_a8``, ``dequant_a8``,
 ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend falls back to another
@@ -401,7 +401,10 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("cuda_wgmma", call, "wgmma"))  # fmt: skip
     if why:
         return False, why
-    why = "" if _forced("cuda_wgmma") else configs.wgmma_declines(call.m, call.n, call.k)
+    # Under vLLM's CUDA graphs the measured table decides (configs.wgmma_declines); above them, where the
+    # dequantizing paths' host time costs more than its kernel, it takes the call (configs.EAGER_A16_MAX_MNK).
+    eager = configs.eager_a16_host_bound(call.m, call.n, call.k)
+    why = "" if _forced("cuda_wgmma") or eager else configs.wgmma_declines(call.m, call.n, call.k)
     if why:
         return False, why
     ok, why = _cuda_ext_ready(call, ("a16",))

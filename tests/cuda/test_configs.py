@@ -445,3 +445,60 @@ def test_the_engine_sets_the_graphs_bound_and_the_environment_overrides_it(monke
             configs.set_graph_max_m(bad)
     configs.set_graph_max_m(None)
     assert configs.graph_max_m() == configs.GRAPH_MAX_M
+
+
+def test_registry_16_bit_calls_above_the_graphs_go_to_the_one_cpp_launch(monkeypatch):
+    """Above vLLM's CUDA-graph sizes a 16-bit call with M * N * K up to 2^33 goes to cuda_wgmma where the
+    table would leave it to the dequantizing path (the N = 1024 layers above M = 256, every layer above
+    2048); under the graphs' bound, past that product, or at M <= 64 (where the other candidates are C++
+    launches too) the table decides."""
+    from types import SimpleNamespace
+
+    _hopper_ready(monkeypatch)
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
+
+    def call(m, k=2048, n=1024):
+        x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
+        w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
+        return backends.LinearCall(x, w, SimpleNamespace(shape=(n, k // 128)), None, 16, "a16")
+
+    top = configs.EAGER_A16_MAX_MNK // (2048 * 1024)  # 4096 on 2048 -> 1024
+    assert configs.wgmma_declines(2048, 1024, 2048)  # the table's choice: cuda_dequant
+    for m in (513, 2048, top):
+        assert registry._can_cuda_wgmma(call(m)) == (True, ""), m
+    for m in (300, 512, top + 1):
+        ok, why = registry._can_cuda_wgmma(call(m))
+        assert not ok and "faster above" in why, m
+    wide = configs.EAGER_A16_MAX_MNK // (4096 * 1024)  # 1024 -> 4096: the table stops at WGMMA_MAX_M = 2048
+    assert wide == configs.WGMMA_MAX_M and "M = 2048" in registry._can_cuda_wgmma(call(wide + 1, 1024, 4096))[1]
+    configs.set_graph_max_m(0)  # no graphs at all: still the table's up to WGMMA_MID_M
+    assert registry._can_cuda_wgmma(call(40, k=1024, n=1024)) == (False, configs.wgmma_declines(40, 1024, 1024))
+    assert registry._can_cuda_wgmma(call(300)) == (True, "")
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
+    assert "faster above" in registry._can_cuda_wgmma(call(2048))[1]
+
+
+def test_eager_a16_rule_picks_the_faster_path_of_its_probe(monkeypatch):
+    """configs.EAGER_A16_MAX_MNK against the probe it was set from (the 16-bit call, every backend forced,
+    on the embedder's four layers at M = 2048 and 16384): where the rule moves a call from the table's
+    backend to cuda_wgmma (the N = 1024 layers at 2048), the table's took 2.0-2.4x as long; above the
+    bound (16384) the table's cuda_dequant finished first on every layer."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_24815a1.json"
+    moved = kept = 0
+    for row in json.loads(run.read_text())["results"]:
+        m, n, k = row["M"], row["N"], row["K"]
+        wall = {name: t["gpu_us"] for name, t in row["by_backend"].items()}
+        if row["backend"] == "cuda_wgmma":
+            continue  # the table runs it there already
+        if configs.eager_a16_host_bound(m, n, k):
+            assert wall[row["backend"]] >= 1.5 * wall["cuda_wgmma"], (m, n, k)
+            moved += 1
+        else:
+            assert wall[row["backend"]] < wall["cuda_wgmma"], (m, n, k)
+            kept += 1
+    assert (moved, kept) == (2, 4)

@@ -805,6 +805,41 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
     assert torch.equal(eager.cpu(), want)
 
 
+def test_linear_cuda_16_bit_above_the_graphs_runs_cuda_wgmma_on_small_layers(monkeypatch):
+    """Above vLLM's CUDA-graph sizes a 16-bit call on a layer of N * K < 2^22 goes to cuda_wgmma up to
+    M * N * K = configs.EAGER_A16_MAX_MNK (2048 -> 1024 up to M = 4096), where the table takes the
+    dequantizing path; the result meets the 2x rule, and captured after its warm-up it replays the
+    same bits."""
+    from ternop.cuda import configs, cuda_ext
+
+    monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(configs.ENV_GRAPH_MAX_M, raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
+    backends.clear_cache()
+    v1, scale = _weights(1024, 2048)
+    packed = layouts.repack(v1, "a16")
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
+    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
+        pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
+    top = configs.EAGER_A16_MAX_MNK // (1024 * 2048)
+    assert backends.select(_call(x, packed, scale, layout="a16")).name == "cuda_wgmma"
+    wide = torch.randn(top + 1, 2048, device="cuda", dtype=torch.bfloat16)
+    assert backends.select(_call(wide, packed, scale, layout="a16")).name != "cuda_wgmma"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        eager = ternop.linear(x, packed, scale, layout="a16")
+    torch.cuda.current_stream().wait_stream(side)
+    _check(eager, x, v1, scale)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ternop.linear(x, packed, scale, layout="a16")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
 @pytest.mark.parametrize("m", [3, 200, 2100])
 def test_linear_cuda_a8_row_scales_graph_capture_and_compile(m):
     v1, _ = _weights(520, 1024)
