@@ -87,6 +87,14 @@ def _call(x, packed, scale, bias=None, bits=16, layout="v1"):
     return backends.LinearCall(x.reshape(-1, x.shape[-1]), packed, scale, bias, bits, layout)
 
 
+def _skip_unless_wgmma(name="cuda_wgmma"):
+    """Skips where the Hopper kernels cannot run: compute capability 9.0 and an sm_90a build."""
+    from ternop.cuda import cuda_ext
+
+    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
+        pytest.skip(f"{name} runs on compute capability 9.0 with an sm_90a build")
+
+
 def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     if name is None:
         return
@@ -273,14 +281,13 @@ def test_linear_cuda_wgmma_equals_f_linear_on_dequantized_weights_in_fp32_sums()
 def test_linear_cuda_wgmma_takes_large_layers_on_hopper():
     """The dispatcher's choice around cuda_wgmma's bucket, on a layer its shape rule takes from M = 17
     and on one it takes from M = 9."""
-    from ternop.cuda import configs, cuda_ext
+    from ternop.cuda import configs
 
     v1, scale = _weights(14336, 4096)
     packed = layouts.repack(v1, "a16")
     x = torch.randn(65, 4096, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
-    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
-        pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
+    _skip_unless_wgmma()
     chosen = {m: backends.select(_call(x.new_zeros(m, 4096), packed, scale, layout="a16")).name
               for m in (9, 16, 17, 64, 65, 2048, 2049)}  # fmt: skip
     want = "cuda_wgmma" if configs.wgmma_wide_layer(14336, 4096) else "cuda_mma"
@@ -761,7 +768,7 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
     One token row more than the product allows goes back to the table's dequant_a8. The choice does not
     depend on capture, so the same call captured after its eager warm-up replays the same kernel, with
     the bits of eager and of the CPU reference."""
-    from ternop.cuda import configs, cuda_ext
+    from ternop.cuda import configs
     from ternop.cuda.launch_fused import quantize_rows
 
     monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
@@ -773,8 +780,7 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
     top = configs.EAGER_A8_ROW_MAX_MNK // (6144 * 1024)
     x = torch.randn(top + 1, 1024, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
-    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
-        pytest.skip("cuda_wgmma_a8 runs on compute capability 9.0 with an sm_90a build")
+    _skip_unless_wgmma("cuda_wgmma_a8")
     if configs.dequant_a8_declines(top + 1, 6144, x.device):
         pytest.skip("dequant_a8 leaves this layer to the fused kernels on a GPU of this many SMs")
     q, qs = quantize_rows(x)
@@ -810,7 +816,7 @@ def test_linear_cuda_16_bit_above_the_graphs_runs_cuda_wgmma_on_small_layers(mon
     M * N * K = configs.EAGER_A16_MAX_MNK (2048 -> 1024 up to M = 4096), where the table takes the
     dequantizing path; the result meets the 2x rule, and captured after its warm-up it replays the
     same bits."""
-    from ternop.cuda import configs, cuda_ext
+    from ternop.cuda import configs
 
     monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
     monkeypatch.delenv(configs.ENV_GRAPH_MAX_M, raising=False)
@@ -820,8 +826,7 @@ def test_linear_cuda_16_bit_above_the_graphs_runs_cuda_wgmma_on_small_layers(mon
     packed = layouts.repack(v1, "a16")
     x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_wgmma", x, packed, scale, layout="a16")
-    if torch.cuda.get_device_capability() != (9, 0) or not cuda_ext.wgmma_built():
-        pytest.skip("cuda_wgmma runs on compute capability 9.0 with an sm_90a build")
+    _skip_unless_wgmma()
     top = configs.EAGER_A16_MAX_MNK // (1024 * 2048)
     assert backends.select(_call(x, packed, scale, layout="a16")).name == "cuda_wgmma"
     wide = torch.randn(top + 1, 2048, device="cuda", dtype=torch.bfloat16)
