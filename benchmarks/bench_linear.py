@@ -348,7 +348,7 @@ def _report(results: list, complete: bool, below_floors: bool = False) -> dict:
                   "ternop_a8_row include the per-token quantization of x",
         "complete": complete,
         "backends_below_floors": below_floors,
-        "graph_max_m": configs.graph_max_m(),  # above it, row-scaled int8 follows the eager rule
+        "graph_max_m": configs.graph_max_m(),  # above it the dispatcher weighs host time (see above)
         "results": results,
     }
 
