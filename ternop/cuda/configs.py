@@ -9,9 +9,15 @@ A backend serves an M only if one of its buckets covers it and M is at least its
 (``MIN_M``); the registry asks backends in priority order, so these tables also decide
 which backend runs for each M.
 
+The tables rank GPU time under CUDA graphs. Above the largest batch the serving engine captures
+(``graph_max_m``: vLLM's ``max_cudagraph_capture_size``, which the plugin hands over with
+``set_graph_max_m``), calls also pay their host time, and two rules move small products to the
+Hopper kernels' one C++ launch (``eager_a8_row_host_bound``, ``eager_a16_host_bound``).
+
 Why it is long: besides the tables, the rules that let a backend decline part of its M range
-(``wgmma_declines``, ``dequant_a8_declines``, ``wgmma_a8_row_declines``) live here with the
-measurements that chose each, so that every dispatch number sits beside the run it came from.
+(``wgmma_declines``, ``dequant_a8_declines``, ``wgmma_a8_row_declines``) and the two host-time
+rules live here with the measurements that chose each, so that every dispatch number sits beside
+the run it came from.
 """
 
 from __future__ import annotations
