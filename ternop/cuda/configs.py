@@ -338,7 +338,7 @@ WGMMA_A8_ROW_MIN_K = 4096
 # per million multiply-adds), dequant_a8's host time does not; it reaches dequant_a8's 102 us between
 # M * N * K = 2.3e10 (1024 -> 4096) and 3.6e10 (3072 -> 1024). So a row-scaled int8 call above
 # GRAPH_MAX_M tokens and up to EAGER_A8_ROW_MAX_MNK = 2^34 (1.7e10, at most about 76 us of its kernel on
-# these layers) goes to cuda_wgmma_a8 (registry._eager_a8_row).
+# these layers) goes to cuda_wgmma_a8 (registry._can_dequant_a8 and _can_cuda_wgmma_a8).
 # - By M, not by whether a graph is being captured: vLLM runs each size once eagerly before capturing
 #   it, and a Triton kernel first loaded while a stream captures fails (the driver refuses to load a
 #   module then), so the captured call must take what its warm-up took. A batch above GRAPH_MAX_M

@@ -233,7 +233,9 @@ def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
         why = configs.dequant_a8_declines(call.m, call.n, call.x.device)
         if why:
             return False, why
-        if _eager_a8_row(call) and "cuda_wgmma_a8" not in backends.skipped() and _can_cuda_wgmma_a8(call)[0]:
+        # Above the graphs' M, the Hopper kernel's one C++ launch costs less (configs.EAGER_A8_ROW_MAX_MNK).
+        if (configs.eager_a8_row_host_bound(call.m, call.n, call.k) and "cuda_wgmma_a8" not in backends.skipped()
+                and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
             return False, (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
                            f"launch from C++ costs less than this path's two from Python "
                            f"(configs.EAGER_A8_ROW_MAX_MNK)")
@@ -429,14 +431,6 @@ def _hopper_wgmma(call: backends.LinearCall) -> str:
     return ""
 
 
-def _eager_a8_row(call: backends.LinearCall) -> bool:
-    """Whether a row-scaled int8 call has an M that vLLM runs outside CUDA graphs, on a product small
-    enough that the Triton paths' host time would cost more than cuda_wgmma_a8's kernel
-    (configs.EAGER_A8_ROW_MAX_MNK)."""
-    return (call.activation_bits == 8 and call.weight_scale.shape[1] == 1
-            and configs.eager_a8_row_host_bound(call.m, call.n, call.k))  # fmt: skip
-
-
 def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     why = _a8_only(call)
     if why:
@@ -457,7 +451,7 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         # cites the runs; dequant_a8 goes first from M = 2048 and takes most of the calls there); above
         # the graphs' M, every call whose kernel costs less than those paths' host time
         # (configs.EAGER_A8_ROW_MAX_MNK).
-        if not _eager_a8_row(call):
+        if not configs.eager_a8_row_host_bound(call.m, call.n, call.k):
             why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device)
     elif not why and not _forced("cuda_wgmma_a8"):
         # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on

@@ -84,7 +84,7 @@ def _runner() -> str | None:
 def _note_graph_max_m() -> None:
     """Tells ternop's CUDA dispatch the largest batch the engine being built captures in a CUDA graph
     (``max_cudagraph_capture_size``; 0 when it captures none): larger batches run eagerly, where
-    row-scaled int8 layers also weigh host time (``ternop.cuda.configs.set_graph_max_m``)."""
+    16-bit and row-scaled int8 layers also weigh host time (``ternop.cuda.configs.set_graph_max_m``)."""
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()

@@ -243,12 +243,13 @@ def _hopper_ready(monkeypatch):
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
 
-def _a8_call(m, k=4096, n=14336, scales=1, bits=8):
+def _shape_call(m, k=4096, n=14336, scales=1, bits=8, layout="a8"):
+    """A call of M rows on an N x K layer, as shapes only (nothing on a GPU)."""
     from types import SimpleNamespace
 
     x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
     w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
-    return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, "a8")
+    return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, layout)
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
@@ -260,7 +261,7 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     (M = 129..2047); of the shorter layers, N <= 1024 at M = 256..2047."""
     _hopper_ready(monkeypatch)
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
-    call = _a8_call
+    call = _shape_call
 
     ok, why = registry._can_cuda_wgmma_a8(call(2048, scales=32))
     assert not ok and "not faster than triton_a8" in why and "TERNOP_BACKEND=cuda_wgmma_a8" in why
@@ -298,18 +299,13 @@ def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):
     """dequant_a8 (decode to int8, dense int8 GEMM) runs 8-bit activations with one scale per row
     from M = 2048 on Hopper; block scales, 16-bit activations and smaller M go elsewhere, unless
     forced (then any M). It is tried before the other large-M int8 backends."""
-    from types import SimpleNamespace
-
     _sm90(monkeypatch)
     monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
     def call(m, scales=1, bits=8, n=4096):
-        x = SimpleNamespace(shape=(m, 4096), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0,
-                            stride=lambda d: 4096)  # fmt: skip
-        w = SimpleNamespace(shape=(n, 1024), data_ptr=lambda: 0)
-        return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, "a8")
+        return _shape_call(m, 4096, n, scales, bits)
 
     floor = configs.min_m("dequant_a8", DEV)
     assert floor == 2048
@@ -368,7 +364,7 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
     moves the graphs' bound, and a bad value is refused by name."""
     _hopper_ready(monkeypatch)
     monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
-    call = _a8_call
+    call = _shape_call
     assert configs.graph_max_m() == configs.GRAPH_MAX_M == 512
     top = configs.EAGER_A8_ROW_MAX_MNK // (4096 * 1024)  # 4096 on 1024 -> 4096
     for m in (513, 1024, 2048, top):
@@ -452,15 +448,11 @@ def test_registry_16_bit_calls_above_the_graphs_go_to_the_one_cpp_launch(monkeyp
     table would leave it to the dequantizing path (the N = 1024 layers above M = 256, every layer above
     2048); under the graphs' bound, past that product, or at M <= 64 (where the other candidates are C++
     launches too) the table decides."""
-    from types import SimpleNamespace
-
     _hopper_ready(monkeypatch)
     monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
 
     def call(m, k=2048, n=1024):
-        x = SimpleNamespace(shape=(m, k), device=DEV, dtype=torch.bfloat16, data_ptr=lambda: 0, stride=lambda d: k)
-        w = SimpleNamespace(shape=(n, k // 4), data_ptr=lambda: 0)
-        return backends.LinearCall(x, w, SimpleNamespace(shape=(n, k // 128)), None, 16, "a16")
+        return _shape_call(m, k, n, scales=k // 128, bits=16, layout="a16")
 
     top = configs.EAGER_A16_MAX_MNK // (2048 * 1024)  # 4096 on 2048 -> 1024
     assert configs.wgmma_declines(2048, 1024, 2048)  # the table's choice: cuda_dequant
