@@ -14,6 +14,10 @@ on the call's ``key`` (device, dtypes, shape, alignment, mode, layout), so it is
 per key: a served model pays the walk through the registry once per batch size. It never
 depends on whether a CUDA graph is being captured: a captured call takes what the same call
 took eagerly, whose kernels are then already loaded.
+
+The op's entry (``ternop.ops``) keys its calls by their own signature instead (every property
+of the argument tensors that its checks and ``key`` read), so that a call seen before skips the
+checks and the key: ``cached(signature)`` is the backend such a call took, or None.
 """
 
 from __future__ import annotations
@@ -110,6 +114,10 @@ _BACKENDS: dict[str, Backend] = {}
 _ORDER: dict[str, list[Backend]] = {}
 _LOGGED: set[tuple[str, str]] = set()
 _CHOICE: dict[tuple, Backend] = {}
+# Past this many cached choices the cache starts over, so that a long-running server that sees
+# every batch size up to its token budget on every layer shape keeps it under about 16 MB (an
+# entry keyed by the op's signature takes about 1 KB).
+MAX_CACHED_CHOICES = 1 << 14
 
 
 def register(backend: Backend) -> None:
@@ -160,12 +168,25 @@ def skipped() -> set[str]:
     return {name.strip() for name in os.environ.get(ENV_SKIP, "").split(",") if name.strip()}
 
 
-def select(call: LinearCall) -> Backend:
-    """The backend that runs this call. Raises RuntimeError with every rejection reason if none can."""
+def cached(key: tuple) -> Backend | None:
+    """The backend cached under ``key`` (one that ``select(call, key)`` was given), or None: if
+    none is, or if ``TERNOP_BACKEND`` forces one (a forced backend is never cached)."""
+    if os.environ.get(ENV_BACKEND):
+        return None
+    return _CHOICE.get(key)
+
+
+def select(call: LinearCall, key: tuple | None = None) -> Backend:
+    """The backend that runs this call. Raises RuntimeError with every rejection reason if none can.
+
+    The choice is cached under ``key``, by default ``call.key()``. A caller's own key must
+    determine everything ``call.key()`` holds, and must not collide with the form of ``call.key()``.
+    """
     forced = os.environ.get(ENV_BACKEND)
     if forced:
         return _forced(forced, call)
-    key = call.key()
+    if key is None:
+        key = call.key()
     backend = _CHOICE.get(key)
     if backend is not None:
         return backend
@@ -180,6 +201,8 @@ def select(call: LinearCall) -> Backend:
             continue
         ok, reason = backend.can_implement(call)
         if ok:
+            if len(_CHOICE) >= MAX_CACHED_CHOICES:
+                _CHOICE.clear()
             _CHOICE[key] = backend
             return backend
         reasons.append(f"{backend.name}: {reason}")

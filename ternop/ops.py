@@ -23,6 +23,10 @@ to the GEMM; the vLLM plugin calls it under ``torch.compile``.
 
 Every device runs the same entry: check, view x as [M, K] (copying only when K is not its
 unit-stride dimension), pick a backend from the registry for this call, view the result back.
+Above vLLM's CUDA-graph sizes every call pays this on the host, so a call whose signature (the
+shapes, strides, dtypes, devices and alignments of its tensors, and its other arguments) was
+seen before, and that needed no copy, goes straight to the backend that signature took: the
+checks passed for the same signature, and the registry's choice depends on nothing else.
 """
 
 from __future__ import annotations
@@ -60,6 +64,35 @@ def _load_cuda_backends() -> None:
         _cuda_loaded = True
 
 
+def _signature(x: torch.Tensor) -> tuple:
+    """What the checks, the row view and the registry's key read of x (or of q)."""
+    return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16
+
+
+def _weights_signature(weight_packed: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """What the checks and the registry's key read of the weights and the bias."""
+    return (
+        weight_packed.shape, weight_packed.stride(), weight_packed.dtype, weight_packed.device,
+        weight_packed.data_ptr() % 16, weight_scale.shape, weight_scale.stride(), weight_scale.dtype,
+        weight_scale.device, None if bias is None else (bias.shape, bias.dtype, bias.device),
+    )  # fmt: skip
+
+
+def _as_is(x: torch.Tensor, x2: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Whether the call reaches its backend without a copy: x2 views x, the weights are as given."""
+    return x2.data_ptr() == x.data_ptr() and weight_packed.is_contiguous() and weight_scale.is_contiguous()
+
+
+def _viewed(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K], for a signature whose earlier call took it without a copy."""
+    return x if x.dim() == 2 else x.view(-1, x.shape[-1])
+
+
+def _shaped(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The [M, N] result as [..., N], for x [..., K]."""
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] viewed as [M, K]. Kernels take any row stride, but K must be the unit-stride
     dimension and rows may not overlap: only then is x copied."""
@@ -70,11 +103,12 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
-def _run(call: backends.LinearCall, lead: torch.Size, n: int) -> torch.Tensor:
-    """Runs ``call`` on the backend the registry picks; the [M, N] result viewed as [*lead, N]."""
+def _run(call: backends.LinearCall, lead: torch.Size, n: int, signature: tuple | None) -> torch.Tensor:
+    """Runs ``call`` on the backend the registry picks; the [M, N] result viewed as [*lead, N].
+    The choice is cached under ``signature`` (None: under the call's key)."""
     if not _cuda_loaded and call.x.is_cuda:
         _load_cuda_backends()
-    out = backends.select(call).run(call)
+    out = backends.select(call, signature).run(call)
     return out if len(lead) == 1 else out.view(*lead, n)
 
 
@@ -86,17 +120,24 @@ def _linear_impl(
     activation_bits: int = 16,
     layout: str = "v1",
 ) -> torch.Tensor:
+    signature = ("linear", *_signature(x), *_weights_signature(weight_packed, weight_scale, bias), activation_bits,
+                 layout)  # fmt: skip
+    backend = backends.cached(signature)
+    if backend is not None:
+        call = backends.LinearCall(_viewed(x), weight_packed, weight_scale, bias, activation_bits, layout)
+        return _shaped(backend.run(call), x)
     if not inputs_ok(x, weight_packed, weight_scale, bias, activation_bits, layout):
         check_linear_inputs(x, weight_packed, weight_scale, bias, activation_bits, layout)  # raises, naming the problem
     n, k = weight_packed.shape[0], x.shape[-1]
     x2 = _rows(x)
     if x2.shape[0] == 0:
         return x.new_empty((*x.shape[:-1], n))
+    as_is = _as_is(x, x2, weight_packed, weight_scale)
     if weight_scale.shape[1] != k // BLOCK_SIZE and activation_bits == 16:
         # A row scale means its expansion (16-bit kernels read a scale per block).
-        weight_scale = weight_scale.expand(n, k // BLOCK_SIZE)
+        weight_scale, as_is = weight_scale.expand(n, k // BLOCK_SIZE), False
     call = backends.LinearCall(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout)
-    return _run(call, x.shape[:-1], n)
+    return _run(call, x.shape[:-1], n, signature if as_is else None)
 
 
 def _linear_q8_impl(
@@ -108,15 +149,23 @@ def _linear_q8_impl(
     out_dtype: torch.dtype,
     layout: str = "v1",
 ) -> torch.Tensor:
+    signature = ("linear_q8", *_signature(q), x_scale.shape, x_scale.stride(), x_scale.dtype, x_scale.device,
+                 *_weights_signature(weight_packed, weight_scale, bias), out_dtype, layout)  # fmt: skip
+    backend = backends.cached(signature)
+    if backend is not None:
+        call = backends.LinearCall(_viewed(q), weight_packed, weight_scale, bias, 8, layout,
+                                   x_scale if x_scale.dim() == 1 else x_scale.view(-1), out_dtype)  # fmt: skip
+        return _shaped(backend.run(call), q)
     if not q8_inputs_ok(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout):
         check_q8_inputs(q, x_scale, weight_packed, weight_scale, bias, out_dtype, layout)  # raises, naming the problem
     n = weight_packed.shape[0]
     q2 = _rows(q)
     if q2.shape[0] == 0:
         return q.new_empty((*q.shape[:-1], n), dtype=out_dtype)
+    as_is = _as_is(q, q2, weight_packed, weight_scale) and x_scale.is_contiguous()
     call = backends.LinearCall(q2, weight_packed.contiguous(), weight_scale.contiguous(), bias, 8, layout,
                                x_scale.reshape(-1).contiguous(), out_dtype)  # fmt: skip
-    return _run(call, q.shape[:-1], n)
+    return _run(call, q.shape[:-1], n, signature if as_is else None)
 
 
 _lib.impl("linear", _linear_impl, "CPU")

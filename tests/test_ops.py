@@ -370,20 +370,134 @@ def test_linear_opcheck_modes(bits, layout):
     torch.library.opcheck(torch.ops.ternop.linear.default, (x, packed, scale, None, bits, layout))
 
 
-def test_linear_dispatch_is_cached_per_call_key():
+def test_linear_dispatch_is_cached_per_signature():
     packed, scale = random_packed(16, 128)
     backends.clear_cache()
     ternop.linear(torch.randn(3, 128), packed, scale)
     ternop.linear(torch.randn(3, 128), packed, scale)
+    assert len(backends._CHOICE) == 1
     ternop.linear(torch.randn(4, 128), packed, scale, activation_bits=8)
-    keys = list(backends._CHOICE)
-    assert len(keys) == 2 and {k[2] for k in keys} == {3, 4}
-    # A scale per row is part of the key: backends may take one form and not the other.
+    ternop.linear(torch.randn(4, 128), packed, scale)
+    assert len(backends._CHOICE) == 3
+    # A scale per row is part of the signature: backends may take one form and not the other.
     packed, scale = random_packed(16, 256)
     backends.clear_cache()
     ternop.linear(torch.randn(3, 256), packed, scale, activation_bits=8)
     ternop.linear(torch.randn(3, 256), packed, scale[:, :1].contiguous(), activation_bits=8)
     assert len(backends._CHOICE) == 2
+
+
+def _two_backends(monkeypatch, first_takes=lambda call: True):
+    """Registers two CPU backends that log their runs; ``first`` (tried first) takes the calls
+    that ``first_takes`` accepts. Returns the log."""
+    ran = []
+
+    def backend(name, priority, takes):
+        def run(call):
+            ran.append(name)
+            return cpu._linear_cpu(call)
+
+        return backends.Backend(name, "cpu", priority, lambda call: (takes(call), "declined"), run)
+
+    monkeypatch.setattr(backends, "_BACKENDS", {"first": backend("first", 0, first_takes),
+                                                "second": backend("second", 1, lambda call: True)})  # fmt: skip
+    monkeypatch.setattr(backends, "_ORDER", {})
+    monkeypatch.setattr(backends, "_CHOICE", {})
+    return ran
+
+
+def test_a_call_seen_before_skips_the_checks_and_runs_what_it_ran(monkeypatch):
+    """The second call with the same signature goes straight to the backend the first took:
+    same result, no second pass through the checks. 2-D, 3-D and 1-D x, a bias, and linear_q8."""
+    from ternop import ops
+    from ternop.activations import quantize_rows
+
+    ran = _two_backends(monkeypatch)
+    checked = []
+    real_ok, real_q8_ok = ops.inputs_ok, ops.q8_inputs_ok
+    monkeypatch.setattr(ops, "inputs_ok", lambda *a: checked.append("linear") or real_ok(*a))
+    monkeypatch.setattr(ops, "q8_inputs_ok", lambda *a: checked.append("q8") or real_q8_ok(*a))
+    packed, scale = random_packed(24, 256)
+    bias = torch.randn(24)
+    for x in (torch.randn(5, 256), torch.randn(2, 3, 256), torch.randn(256), torch.randn(4, 512)[:, 128:384]):
+        want = cpu._linear_cpu(backends.LinearCall(x.reshape(-1, 256), packed, scale, bias)).view(*x.shape[:-1], 24)
+        first, again = ternop.linear(x, packed, scale, bias), ternop.linear(x, packed, scale, bias)
+        assert torch.equal(first, want) and torch.equal(again, want) and again.shape == (*x.shape[:-1], 24)
+    assert checked == ["linear"] * 4 and ran == ["first"] * 8
+    q, s = quantize_rows(torch.randn(2, 3, 256))
+    want = ternop.linear_q8(q, s, packed, scale, out_dtype=torch.float32)
+    assert torch.equal(ternop.linear_q8(q.clone(), s.clone(), packed, scale, out_dtype=torch.float32), want)
+    assert checked[4:] == ["q8"]
+
+
+def test_a_seen_call_still_obeys_a_forced_backend_and_new_registrations(monkeypatch):
+    ran = _two_backends(monkeypatch)
+    packed, scale = random_packed(16, 128)
+    x = torch.randn(3, 128)
+    ternop.linear(x, packed, scale)
+    monkeypatch.setenv("TERNOP_BACKEND", "second")
+    ternop.linear(x, packed, scale)
+    monkeypatch.delenv("TERNOP_BACKEND")
+    ternop.linear(x, packed, scale)
+    assert ran == ["first", "second", "first"]
+    backends.register(backends.Backend("third", "cpu", -1, lambda call: (True, ""),
+                                       lambda call: ran.append("third") or cpu._linear_cpu(call)))  # fmt: skip
+    ternop.linear(x, packed, scale)
+    assert ran[-1] == "third"
+
+
+def test_a_call_unlike_a_seen_one_is_checked_and_chosen_anew(monkeypatch):
+    """Same shapes as a cached call, but another dtype, bias, alignment or weight stride: the
+    checks run again (a bad argument still fails naming it) and the registry chooses again."""
+    ran = _two_backends(monkeypatch, first_takes=lambda call: call.x.data_ptr() % 16 == 0)
+    packed, scale = random_packed(16, 256)
+    x = torch.randn(3, 257)
+    aligned, odd = x[:, :256], x[:, 1:]  # the same shape and strides, 4 bytes apart
+    assert aligned.data_ptr() % 16 == 0
+    ternop.linear(aligned, packed, scale)
+    torch.testing.assert_close(ternop.linear(odd, packed, scale), ternop.linear(odd.contiguous(), packed, scale))
+    assert ran == ["first", "second", "first"]
+    with pytest.raises(RuntimeError, match="bias must have x.s dtype"):
+        ternop.linear(aligned, packed, scale, torch.randn(16, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="weight_packed"):
+        ternop.linear(aligned, packed.to(torch.int8), scale)
+    y = ternop.linear(aligned.double().float().to(torch.bfloat16), packed, scale)
+    assert y.dtype == torch.bfloat16
+
+
+def test_calls_that_copy_are_checked_every_time(monkeypatch):
+    """x strided along K, non-contiguous weights or scales and a row scale under 16-bit activations are
+    copied on the way in; such calls never skip the checks, and give what their copies give."""
+    from ternop import ops
+
+    _two_backends(monkeypatch)
+    checked = []
+    real_ok = ops.inputs_ok
+    monkeypatch.setattr(ops, "inputs_ok", lambda *a: checked.append(1) or real_ok(*a))
+    packed, scale = random_packed(16, 256)
+    wide_packed = torch.zeros(16, 128, dtype=torch.uint8)
+    wide_packed[:, ::2] = packed
+    calls = [
+        (torch.randn(256, 3).t(), packed, scale),
+        (torch.randn(3, 256), wide_packed[:, ::2], scale),
+        (torch.randn(3, 256), packed, scale[:, :1]),
+        (torch.randn(3, 256), packed, scale.t().contiguous().t()),
+    ]
+    for x, p, s in calls:
+        want = ternop.linear(x.contiguous(), p.contiguous(), s.expand(16, 2).contiguous())
+        for _ in range(2):
+            assert torch.equal(ternop.linear(x, p, s), want)
+    assert len(checked) == 4 * 2 + 1  # each call that copies, twice; the copies' call once (then cached)
+
+
+def test_the_choice_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(backends, "MAX_CACHED_CHOICES", 3)
+    monkeypatch.setattr(backends, "_CHOICE", {})
+    packed, scale = random_packed(16, 128)
+    for m in range(1, 9):
+        x = torch.randn(m, 128)
+        assert torch.equal(ternop.linear(x, packed, scale), ternop.linear(x, packed, scale))
+        assert len(backends._CHOICE) <= 3
 
 
 def test_linear_takes_row_strided_x_without_a_copy(monkeypatch):
