@@ -6,7 +6,10 @@ vLLM runs batches above its largest CUDA-graph size eagerly, so every ternary li
 op's Python path (checks, dispatcher, backend choice) on the host. This measures that path on
 the CPU, under inference mode as vLLM runs it, with a backend that only allocates its output,
 beside ``F.linear`` on a tiny tensor (PyTorch's own floor for one op call) and ternop's Python
-entry called directly (the difference is the dispatcher's hop into Python). On a GPU machine,
+entry called directly (the difference is the dispatcher's hop into Python). ``linear_q8`` is
+the call a vLLM int8 engine makes (rows quantized beforehand, a scale per weight row). Each
+call repeats one signature, as a served layer does at one batch size, so it takes the entry's
+path for calls seen before. On a GPU machine,
 add the launch of the chosen kernel (``benchmarks/probe_host_call.py`` times whole eager calls
 there, and the same pieces).
 """
@@ -24,6 +27,7 @@ import torch
 
 import ternop
 from ternop import backends, ops
+from ternop.activations import quantize_rows
 from ternop.meta import check_linear_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,11 +62,15 @@ def main(argv=None) -> int:
             w = torch.zeros(1024, 256, dtype=torch.uint8)
             s = torch.ones(1024, 8, dtype=torch.float16)
             op = torch.ops.ternop.linear.default
+            q, qs = quantize_rows(x)
+            row_scale = s[:, :1].contiguous()
             res = {
                 "F.linear (tiny)": per_call_us(lambda: torch.nn.functional.linear(x[:1, :8], x[:2, :8])),
                 "torch.ops.ternop.linear, 2-D x": per_call_us(lambda: op(x, w, s)),
                 "... 3-D x": per_call_us(lambda: op(x3, w, s)),
                 "... activation_bits=8, layout a8": per_call_us(lambda: op(x, w, s, None, 8, "a8")),
+                "torch.ops.ternop.linear_q8, row scales": per_call_us(
+                    lambda: torch.ops.ternop.linear_q8.default(q, qs, w, row_scale, None, x.dtype, "a8")),
                 "ternop's Python entry alone (no dispatcher hop)": per_call_us(lambda: ops._linear_impl(x, w, s)),
                 "check_linear_inputs (the message path)": per_call_us(lambda: check_linear_inputs(x, w, s, None)),
             }
