@@ -64,6 +64,7 @@ def main(argv=None) -> int:
             op = torch.ops.ternop.linear.default
             q, qs = quantize_rows(x)
             row_scale = s[:, :1].contiguous()
+            call = backends.LinearCall(x, w, s, None)
             res = {
                 "F.linear (tiny)": per_call_us(lambda: torch.nn.functional.linear(x[:1, :8], x[:2, :8])),
                 "torch.ops.ternop.linear, 2-D x": per_call_us(lambda: op(x, w, s)),
@@ -73,6 +74,8 @@ def main(argv=None) -> int:
                     lambda: torch.ops.ternop.linear_q8.default(q, qs, w, row_scale, None, x.dtype, "a8")),
                 "ternop's Python entry alone (no dispatcher hop)": per_call_us(lambda: ops._linear_impl(x, w, s)),
                 "check_linear_inputs (the message path)": per_call_us(lambda: check_linear_inputs(x, w, s, None)),
+                "backends.select(call), a cached choice": per_call_us(
+                    lambda: backends.select(call)),
             }
     finally:
         backends.register(real)
