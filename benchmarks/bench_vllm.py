@@ -3,7 +3,7 @@
     python benchmarks/bench_vllm.py --out benchmarks/results/h200/bench_vllm.json [--only embed,decode,bitnet]
         [--profile] [--pyprofile] [--control] [--cpus LIST|all] [--repeats 5] [--decode-runs 3]
         [--no-a8] [--no-a16] [--a8-scales block|row] [--a8-unfused | --a8-unfused-only] [--a8-in-graph]
-        [--engine-process separate|in-process] [--max-batched-tokens N]
+        [--engine-process separate|in-process] [--max-batched-tokens N] [--graph-sizes N,...]
 
 Workloads (random weights; speed does not depend on their values):
 - embed:  a Qwen3-0.6B-shaped embedder (hidden 1024, 28 layers, 16/8 heads, head_dim 128,
@@ -21,7 +21,11 @@ Workloads (random weights; speed does not depend on their values):
           weight memory of the loaded model. --max-batched-tokens N caps the tokens of one
           engine step (vLLM's max_num_batched_tokens, by default 16384 for `LLM` on an H200 and
           8192 for `vllm serve`): at 2048 every throughput step runs 2048 tokens outside the CUDA
-          graphs, the middle batch sizes of a lightly loaded server. Every engine process is
+          graphs, the middle batch sizes of a lightly loaded server. --graph-sizes 1024,2048,...
+          has every engine capture CUDA graphs at those batch sizes (tokens) too, beside vLLM's
+          default sizes up to 512 (VLLM_DEFAULT_GRAPH_SIZES): the steps up to the largest then
+          replay a graph (padded up to the next size) instead of running eagerly, for bf16 and
+          ternary alike; the settings record the sizes each engine captured. Every engine process is
           pinned to the same CPUs (--cpus), so that none runs on a better-placed core than
           another. Each figure is the
           median over the rounds, with min and max; ratios come from the medians, and the
@@ -498,7 +502,8 @@ def worker_embed(args) -> None:
     llm = LLM(model=args.model, runner="pooling", convert="embed", dtype=args.dtype,
               max_model_len=1024, gpu_memory_utilization=0.3 if tiny else args.gpu_fraction, seed=0,
               **({"load_format": "dummy"} if args.dummy else {}),
-              **({"max_num_batched_tokens": args.max_batched_tokens} if args.max_batched_tokens else {}))  # fmt: skip
+              **({"max_num_batched_tokens": args.max_batched_tokens} if args.max_batched_tokens else {}),
+              **_graph_config(args.graph_sizes))  # fmt: skip
     if os.environ.get("TERNOP_BENCH_LOAD_TERNOP") == "1":
         _load_ternop(EMBED_SHAPE if not tiny else TINY_SHAPE, args.dtype)
     llm.embed(_prompts(8, 32, 0), use_tqdm=False)  # warm-up
@@ -721,6 +726,28 @@ def _file_linear_bytes(shape: dict, dtype_bytes: int = 2) -> dict:
     }
 
 
+# vLLM's CUDA-graph batch sizes when none are given (up to its default largest size, 512).
+VLLM_DEFAULT_GRAPH_SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+
+
+def _size_list(text: str) -> list[int]:
+    """"1024,2048" -> [1024, 2048]."""
+    try:
+        sizes = [int(item) for item in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected batch sizes in tokens, e.g. 1024,2048,4096")
+    return sizes
+
+
+def _graph_config(sizes: list[int] | None) -> dict:
+    """The LLM(...) arguments that add ``sizes`` to vLLM's CUDA-graph batch sizes ({} for none)."""
+    if not sizes:
+        return {}
+    return {"compilation_config": {"cudagraph_capture_sizes": sorted(set(VLLM_DEFAULT_GRAPH_SIZES) | set(sizes))}}
+
+
 def _workload_list(text: str) -> list[tuple[int, int]]:
     """"8192x128,2048x512" -> [(8192, 128), (2048, 512)]."""
     out = []
@@ -805,6 +832,9 @@ def main() -> None:
     parser.add_argument("--max-batched-tokens", type=int, default=None, metavar="N",
                         help="embed: the most tokens one engine step runs (vLLM's max_num_batched_tokens, at "
                              "least the model length of 1024; default: vLLM's)")  # fmt: skip
+    parser.add_argument("--graph-sizes", type=_size_list, default=None, metavar="N,...",
+                        help="embed: batch sizes (tokens) at which every engine also captures CUDA graphs, beside "
+                             "vLLM's default sizes up to 512, e.g. 1024,2048,4096,8192,16384 (default: vLLM's)")  # fmt: skip
     parser.add_argument("--reverse-start", action="store_true",
                         help="start the embedding engines in reverse order (ternary first): whether a "
                              "model's host-side speed follows the order its process started in")
@@ -840,7 +870,7 @@ def main() -> None:
     t_start = time.perf_counter()
     work = Path(args.workdir)
     report: dict = {"tiny": args.tiny, "dtype": args.dtype, "commit": git_commit(), "workloads": only,
-                    "engine_process": args.engine_process,
+                    "engine_process": args.engine_process, "graph_sizes": args.graph_sizes,
                     "embed_start_order": "reversed" if args.reverse_start else "as listed"}
     try:
         import torch
@@ -867,6 +897,7 @@ class _Worker:
                "--gpu-fraction", str(args.gpu_fraction)]  # fmt: skip
         cmd += ["--tiny"] if args.tiny else []
         cmd += ["--max-batched-tokens", str(args.max_batched_tokens)] if args.max_batched_tokens else []
+        cmd += ["--graph-sizes", ",".join(map(str, args.graph_sizes))] if args.graph_sizes else []
         env = {**os.environ, **_engine_env(args), **(env_extra or {})}
         self.name = name
         # Every engine on the same CPUs (they never run at once): neither gets a better place.

@@ -85,3 +85,18 @@ def test_profile_top_keeps_the_run_going_when_the_engine_cannot_profile():
     assert bench_vllm._profile_top(_CannotSend(), lambda: ran.append(1), totals=totals) == []
     assert not ran and "did not start in the engine's process" in totals["error"]
     assert "not serializable" in totals["error"]
+
+
+def test_graph_sizes_add_to_vllms_defaults_in_a_config_vllm_takes():
+    """--graph-sizes: vLLM's default sizes up to 512 plus the given ones, each once, ascending, in
+    the form vLLM's CompilationConfig accepts; without the option the engines keep vLLM's own."""
+    import bench_vllm
+
+    config = pytest.importorskip("vllm.config")
+    sizes = bench_vllm._graph_config(bench_vllm._size_list("16384,1024,512"))["compilation_config"]
+    got = config.CompilationConfig(**sizes).cudagraph_capture_sizes
+    assert got == sorted(got) and len(set(got)) == len(got)
+    assert got[:4] == [1, 2, 4, 8] and got[-4:] == [496, 512, 1024, 16384]
+    assert bench_vllm._graph_config(None) == {}
+    with pytest.raises(Exception, match="expected batch sizes"):
+        bench_vllm._size_list("1024,0")
