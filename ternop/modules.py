@@ -15,6 +15,7 @@ from ternop.format import (
     packed_bytes,
 )
 from ternop.activations import quantize_rows
+from ternop.layouts import check_layout, preferred_layout, repack, to_v1
 from ternop.ops import linear_q8, ternary_linear
 from ternop.quantize import quantize_weight
 from ternop.selection import QuantizeReport, select_linears
@@ -38,6 +39,13 @@ class TernaryLinear(nn.Module):
 
     ``module.to(dtype)`` / ``.half()`` move the bias to that dtype once, like a dense layer's;
     ``weight_scale`` stays float16 (the format's dtype) and only changes device.
+
+    ``layout`` names the order of the codes in ``weight_packed`` (``ternop.layouts``). A new layer
+    holds format v1. After ``from_linear`` and after every ``.to()`` / ``.cuda()`` / ``.half()``,
+    the layer holds its codes in the layout whose kernels read them fastest on its device
+    (``preferred_layout``: "a16" or "a8" on CUDA, v1 on the CPU); ``use_layout`` picks one by hand. ``state_dict()`` always holds v1 codes, and
+    ``load_state_dict`` takes v1 codes and repacks them into the layer's layout, so checkpoints
+    stay format v1. Code that writes ``weight_packed`` directly writes codes in ``layout``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
@@ -60,11 +68,12 @@ class TernaryLinear(nn.Module):
             self.register_buffer("bias", torch.zeros(out_features, dtype=dtype or torch.float32, device=device))
         else:
             self.bias = None
+        self.layout = "v1"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, method: str = "optimal",
                     activation_bits: int = DEFAULT_ACTIVATION_BITS) -> "TernaryLinear":  # fmt: skip
-        """Quantizes an nn.Linear (its bias is kept in its dtype)."""
+        """Quantizes an nn.Linear (its bias is kept in its dtype), in the layout preferred on its device."""
         w = linear.weight.detach()
         layer = cls(
             linear.in_features,
@@ -79,7 +88,17 @@ class TernaryLinear(nn.Module):
         layer.weight_scale.copy_(scale)
         if linear.bias is not None:
             layer.bias.copy_(linear.bias.detach())
-        return layer
+        return layer.use_layout(preferred_layout(activation_bits, w.device))
+
+    @torch.no_grad()
+    def use_layout(self, layout: str) -> "TernaryLinear":
+        """Repacks ``weight_packed`` into ``layout`` (one of ``ternop.layouts.LAYOUTS``), in place."""
+        check_layout(layout)
+        if layout != self.layout:
+            codes = self.weight_packed if self.layout == "v1" else to_v1(self.weight_packed, self.layout)
+            self.weight_packed = codes if layout == "v1" else repack(codes, layout)
+            self.layout = layout
+        return self
 
     def _apply(self, fn, recurse=True):
         # nn.Module casts every floating-point buffer on .to(dtype); the scales are part of the
@@ -93,7 +112,24 @@ class TernaryLinear(nn.Module):
             self._buffers["weight_scale"] = moved if moved.dtype == scale.dtype else scale.to(moved.device)
             for key in order:  # keep the state_dict order
                 self._buffers[key] = self._buffers.pop(key)
+        device = self.weight_packed.device
+        if device.type != "meta":
+            self.use_layout(preferred_layout(self.activation_bits, device))
         return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.layout != "v1":  # checkpoints hold format v1
+            destination[prefix + "weight_packed"] = to_v1(self.weight_packed, self.layout)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):  # fmt: skip
+        errors = len(error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)  # fmt: skip
+        if prefix + "weight_packed" in state_dict and len(error_msgs) == errors and self.layout != "v1":
+            layout, self.layout = self.layout, "v1"  # the buffer now holds the state dict's v1 codes
+            self.use_layout(layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias
@@ -104,15 +140,18 @@ class TernaryLinear(nn.Module):
             # Compiled: quantize x in the graph, where Inductor can fuse it into what produces x;
             # for a given x, linear_q8 then gives what ternary_linear(..., 8) gives, bit for bit.
             q, x_scale = quantize_rows(x)
-            return linear_q8(q, x_scale, self.weight_packed, self.weight_scale, bias, out_dtype=x.dtype)
-        return ternary_linear(x, self.weight_packed, self.weight_scale, bias, self.activation_bits)
+            return linear_q8(q, x_scale, self.weight_packed, self.weight_scale, bias, out_dtype=x.dtype,
+                             layout=self.layout)
+        return ternary_linear(x, self.weight_packed, self.weight_scale, bias, self.activation_bits, self.layout)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequantize(self.weight_packed, self.weight_scale, dtype)
+        codes = self.weight_packed if self.layout == "v1" else to_v1(self.weight_packed, self.layout)
+        return dequantize(codes, self.weight_scale, dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activation_bits={self.activation_bits}")  # fmt: skip
+                f"activation_bits={self.activation_bits}"
+                + (f", layout={self.layout}" if self.layout != "v1" else ""))  # fmt: skip
 
 
 @torch.no_grad()

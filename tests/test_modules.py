@@ -154,7 +154,7 @@ def test_ternary_linear_to_dtype_moves_the_bias_once_and_keeps_the_scales(device
     with Casts():
         y = layer(x)
     assert Casts.count == 0  # nothing is cast per call
-    assert_within_2x_of_dense(y, x, layer.weight_packed, layer.weight_scale, layer.bias)
+    assert_within_2x_of_dense(y, x, layer.state_dict()["weight_packed"], layer.weight_scale, layer.bias)  # v1 codes
 
 
 def test_quantize_module_rejects_a_skip_pattern_that_matches_nothing():
@@ -162,3 +162,55 @@ def test_quantize_module_rejects_a_skip_pattern_that_matches_nothing():
     with pytest.raises(ValueError, match=r"skip pattern 'atention' matches no linear layer"):
         quantize_module(model, skip=["atention"])
     assert type(model.layers[0].query) is nn.Linear  # checked before anything changed
+
+
+# --- kernel layouts inside TernaryLinear ------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("layout", ["a16", "a8"])
+def test_ternary_linear_in_a_kernel_layout_keeps_its_output_and_a_v1_state_dict(layout, bits):
+    from ternop.layouts import repack
+
+    v1 = TernaryLinear.from_linear(nn.Linear(384, 48), activation_bits=bits)
+    layer = TernaryLinear.from_linear(nn.Linear(384, 48), activation_bits=bits)
+    layer.load_state_dict(v1.state_dict())
+    codes = v1.weight_packed.clone()
+    assert layer.use_layout(layout) is layer and layer.layout == layout
+    assert torch.equal(layer.weight_packed, repack(codes, layout))
+    x = torch.randn(2, 3, 384)
+    assert torch.equal(layer(x), v1(x))
+    assert torch.equal(layer.state_dict()["weight_packed"], codes) and layer.layout == layout
+    assert torch.equal(layer.dequantized_weight(), v1.dequantized_weight())
+    # A v1 state dict loads into the layer's layout.
+    other = TernaryLinear.from_linear(nn.Linear(384, 48), activation_bits=bits).use_layout(layout)
+    other.load_state_dict(v1.state_dict())
+    assert other.layout == layout and torch.equal(other.weight_packed, repack(codes, layout))
+    assert torch.equal(other(x), v1(x))
+    assert torch.equal(layer.use_layout("v1").weight_packed, codes) and f"layout={layout}" not in repr(layer)
+    with pytest.raises(ValueError, match="layout"):
+        layer.use_layout("a4")
+
+
+def test_ternary_linear_takes_its_devices_layout_when_made_and_moved(monkeypatch):
+    """from_linear and every .to() leave the codes in the layout preferred on the layer's device (on
+    the CPU that is v1; here the CPU is made to prefer the GPU's layouts to see the moves)."""
+    import ternop.modules
+
+    linear = nn.Linear(256, 32)
+    reference = TernaryLinear.from_linear(linear)
+    x = torch.randn(5, 256)
+    monkeypatch.setattr(ternop.modules, "preferred_layout", lambda bits, device: "a8" if bits == 8 else "a16")
+    layer = TernaryLinear.from_linear(linear)
+    assert layer.layout == "a16" and torch.equal(layer(x), reference(x))
+    plain = TernaryLinear(256, 32)
+    plain.load_state_dict(reference.state_dict())
+    assert plain.layout == "v1"
+    plain.half()
+    want = ternop.linear(x.half(), reference.weight_packed, reference.weight_scale, reference.bias.half())
+    assert plain.layout == "a16" and torch.equal(plain(x.half()), want)
+    eight = TernaryLinear.from_linear(linear, activation_bits=8)
+    assert eight.layout == "a8" and torch.equal(eight.state_dict()["weight_packed"], reference.weight_packed)
+    monkeypatch.setattr(ternop.modules, "preferred_layout", lambda bits, device: "v1")
+    layer.to("cpu")
+    assert layer.layout == "v1" and torch.equal(layer.weight_packed, reference.weight_packed)

@@ -20,8 +20,9 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ternop.checkpoint import PACKED_SUFFIX, QUANT_METHOD
 from ternop.checkpoint.safetensors_io import read_header
-from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, check_activation_bits, dequantize
+from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, check_activation_bits
 from ternop.hf.names import match_names
+from ternop.layouts import preferred_layout
 from ternop.modules import TernaryLinear
 
 
@@ -93,15 +94,24 @@ class TernaryHfQuantizer(HfQuantizer):
         replace_linears(model, ternary_modules(model, checkpoint_files), dtype, bits)
         return model
 
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        # The weights were set in place (no .to()): each layer takes the layout its device reads fastest.
+        for module in model.modules():
+            if isinstance(module, TernaryLinear) and module.weight_packed.device.type != "meta":
+                module.use_layout(preferred_layout(module.activation_bits, module.weight_packed.device))
+        return model
+
     def _dequantize(self, model, dtype=None):
         """Replaces every TernaryLinear by an nn.Linear holding its dense weight (value x scale)."""
+        if isinstance(dtype, str):  # transformers passes config.dtype, a name once the config was saved
+            dtype = getattr(torch, dtype)
         for name, module in list(model.named_modules()):
             if isinstance(module, TernaryLinear):
                 wdtype = dtype or (module.bias.dtype if module.bias is not None else torch.float32)
                 dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
                                   device=module.weight_packed.device, dtype=wdtype)  # fmt: skip
                 with torch.no_grad():
-                    dense.weight.copy_(dequantize(module.weight_packed, module.weight_scale, wdtype))
+                    dense.weight.copy_(module.dequantized_weight(wdtype))
                     if module.bias is not None:
                         dense.bias.copy_(module.bias)
                 model.set_submodule(name, dense)

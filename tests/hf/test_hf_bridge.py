@@ -113,6 +113,26 @@ def test_hf_save_pretrained_writes_a_v1_checkpoint(ternary_minilm, tmp_path):
     assert again.keys() == first.keys() and all(torch.equal(again[k][0], first[k][0]) for k in first)
 
 
+def test_hf_load_leaves_each_layer_in_its_devices_layout_and_saves_v1(ternary_minilm, tmp_path, monkeypatch):
+    """After loading, every TernaryLinear holds the layout preferred on its device (on the CPU v1;
+    here the CPU is made to prefer a16): the same embeddings, and save_pretrained still writes the
+    checkpoint's v1 bytes."""
+    import ternop.hf.quantizer
+
+    want = ternop.hf.embed_texts(ternary_minilm, PROMPTS)
+    monkeypatch.setattr(ternop.hf.quantizer, "preferred_layout", lambda bits, device: "a16")
+    model = ternop.hf.load_model(ternary_minilm)
+    assert {m.layout for m in _ternary_layers(model).values()} == {"a16"}
+    got = ternop.hf.embed_model(model, ternop.hf.load_tokenizer(ternary_minilm), PROMPTS)
+    assert torch.equal(got, want)
+    model.save_pretrained(str(tmp_path / "again"))
+    again, first = load_ternary_layers(tmp_path / "again"), load_ternary_layers(ternary_minilm)
+    assert again.keys() == first.keys() and all(torch.equal(again[k][0], first[k][0]) for k in first)
+    dense = model.dequantize()
+    assert not _ternary_layers(dense)
+    assert float((ternop.hf.embed_model(dense, ternop.hf.load_tokenizer(ternary_minilm), PROMPTS) * want).sum(-1).min()) > 0.99999
+
+
 @pytest.fixture(scope="module")
 def bert_a8(tmp_path_factory):
     root = tmp_path_factory.mktemp("bert-a8")
