@@ -137,6 +137,7 @@ def test_ternary_linear_to_dtype_moves_the_bias_once_and_keeps_the_scales(device
     from tests.reference import assert_within_2x_of_dense
 
     layer = TernaryLinear.from_linear(nn.Linear(256, 96)).to(device)
+    assert layer.layout == ("a16" if device == "cuda" else "v1")  # the kernels' layout on a GPU
     scale = layer.weight_scale.clone()
     layer.to(dtype)
     assert layer.bias.dtype == dtype and layer.weight_scale.dtype == torch.float16
