@@ -43,9 +43,10 @@ class TernaryLinear(nn.Module):
     ``layout`` names the order of the codes in ``weight_packed`` (``ternop.layouts``). A new layer
     holds format v1. After ``from_linear`` and after every ``.to()`` / ``.cuda()`` / ``.half()``,
     the layer holds its codes in the layout whose kernels read them fastest on its device
-    (``preferred_layout``: "a16" or "a8" on CUDA, v1 on the CPU); ``use_layout`` picks one by hand. ``state_dict()`` always holds v1 codes, and
-    ``load_state_dict`` takes v1 codes and repacks them into the layer's layout, so checkpoints
-    stay format v1. Code that writes ``weight_packed`` directly writes codes in ``layout``.
+    (``preferred_layout``: "a16" or "a8" on CUDA, v1 on the CPU); ``use_layout`` picks one by
+    hand. ``state_dict()`` always holds v1 codes, and ``load_state_dict`` takes v1 codes and
+    repacks them into the layer's layout, so checkpoints stay format v1. Code that writes
+    ``weight_packed`` directly writes codes in ``layout``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
