@@ -543,6 +543,8 @@ def test_cuda_op_schemas_and_fake_kernels_exist_without_a_gpu():
     assert y.shape == (700, 64) and y.dtype == torch.float16
     with pytest.raises(RuntimeError, match="does not hold K=128"):
         torch.ops.ternop.linear_cuda(torch.empty(3, 128, **meta), w, s)
+    w8 = torch.ops.ternop.decode_int8_cuda(w, 2)
+    assert w8.shape == (64, 256) and w8.dtype == torch.int8
     if not torch.cuda.is_available():
         assert not any(cpp_ops.has_kernel(op) for op in cpp_ops.OPS)
 

@@ -15,6 +15,11 @@
                               Tensor? bias=None, int tile=-1) -> Tensor
     ternop::linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
                                  Tensor? bias, ScalarType dtype, int tile=-1) -> Tensor
+    ternop::decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor
+
+``decode_int8_cuda`` is not a product: it returns the values of uint8 [N, K/4] codes in ``layout``
+(0 = v1, 1 = a16, 2 = a8) as int8 [N, K], -1, 0 or +1 without the scale, the dense operand of the
+W2A8 int8 GEMM (``launch_dequant_a8.int8_gemm``) from one C++ launch.
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
@@ -69,9 +74,11 @@ _lib.define(
     "ScalarType dtype, int tile=-1) -> Tensor"
 )
 
+_lib.define("decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor")
+
 OPS = (
     "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
-    "linear_cuda_mma_tiles", "linear_cuda_wgmma", "linear_cuda_wgmma_a8",
+    "linear_cuda_mma_tiles", "linear_cuda_wgmma", "linear_cuda_wgmma_a8", "decode_int8_cuda",
 )
 
 
@@ -122,6 +129,12 @@ def _linear_cuda_wgmma_fake(x, weight_packed, weight_scale, bias=None, tile=-1):
 @torch.library.register_fake("ternop::linear_cuda_wgmma_a8", lib=_lib)
 def _linear_cuda_wgmma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, tile=-1):
     return _out(q, weight_packed, dtype)
+
+
+@torch.library.register_fake("ternop::decode_int8_cuda", lib=_lib)
+def _decode_int8_cuda_fake(weight_packed, layout):
+    torch._check(weight_packed.dim() == 2, lambda: f"weight_packed must be [N, K/4], got {tuple(weight_packed.shape)}")
+    return weight_packed.new_empty((weight_packed.shape[0], weight_packed.shape[1] * 4), dtype=torch.int8)
 
 
 def has_kernel(op: str) -> bool:

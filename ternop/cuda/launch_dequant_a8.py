@@ -5,7 +5,8 @@
 
 q and qs are x quantized per token (``launch_fused.quantize_rows``, or the caller's
 ``ternop::linear_q8`` arguments). Two launches on the current stream: decoding into an int8
-workspace [N, K], and the dense int8 GEMM. Everything is allocated
+workspace [N, K], and the dense int8 GEMM (``int8_gemm``, which the ``cuda_dequant_a8`` backend
+runs after the C++ decode instead). Everything is allocated
 from the caching allocator and nothing syncs, so the path is capture-safe.
 """
 
@@ -35,7 +36,13 @@ def decode_int8(weight_packed: torch.Tensor, layout: str) -> torch.Tensor:
 
 def linear_dequant_a8(q, qs, weight_packed, weight_scale, bias, layout: str, config: configs.DequantA8Config,
                       dtype: torch.dtype) -> torch.Tensor:
-    w8 = decode_int8(weight_packed, layout)
+    return int8_gemm(q, qs, decode_int8(weight_packed, layout), weight_scale, bias, config, dtype)
+
+
+def int8_gemm(q, qs, w8, weight_scale, bias, config: configs.DequantA8Config, dtype: torch.dtype) -> torch.Tensor:
+    """The second launch: q int8 [M, K] x w8 int8 [N, K] in int32, scaled by the row scale
+    weight_scale [N, 1], the token scale qs [M] and the bias, to [M, N] in dtype. w8 may come from
+    ``decode_int8`` or from the C++ decode (``ternop::decode_int8_cuda``): the same values."""
     m, k = q.shape
     n = w8.shape[0]
     out = torch.empty((m, n), dtype=dtype, device=q.device)

@@ -10,6 +10,7 @@ Order (lower priority first):
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK`` | int8 (any float x) | all |
+| ``cuda_dequant_a8`` | ``dequant_a8`` with its decode launched from C++ (``ternop::decode_int8_cuda``); only when forced, until timed against ``dequant_a8`` | int8 (any float x) | all |
 | ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
@@ -27,10 +28,10 @@ vLLM captures (``configs.GRAPH_MAX_M``) also pays its host time, and where its p
 activations) goes to the one C++ launch of ``cuda_wgmma_a8`` or ``cuda_wgmma``.
 
 Activations of 8 bits only ever run on ``cuda_mma_a8_fused``, ``cuda_mma_a8``, ``dequant_a8``,
-``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend falls back to another
-numeric path.
+``cuda_dequant_a8``, ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend
+falls back to another numeric path.
 
-Why it is long: one ``can_implement`` a backend, fifteen of them, each with the checks of its
+Why it is long: one ``can_implement`` a backend, sixteen of them, each with the checks of its
 own kernel (M range, layout, dtype, alignment, GPU, build); kept in one file so that the
 priority order above and the answers that follow it are read together.
 """
@@ -249,6 +250,45 @@ def _run_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
     q, qs = _rows(call)
     return mod.linear_dequant_a8(q, qs, call.weight_packed, call.weight_scale, call.bias, call.layout, config,
                                  call.dtype)  # fmt: skip
+
+
+# dequant_a8's decode costs a Triton launch, 32-38 us of host time a call on the H200 at M = 16384
+# (results/h200/probe_host_call_a8_24815a1.json), where its calls run outside CUDA graphs and the
+# int8 embedder's step waits on the host. cuda_dequant_a8 launches the same decode from C++
+# (ternop::decode_int8_cuda) and then the same GEMM: the same result, one Python launch fewer.
+CPP_DECODE_A8_OFF = "cuda_dequant_a8 has not been timed against dequant_a8 in one run yet"
+
+
+def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a8_only(call)
+    if why:
+        return False, why
+    if call.weight_scale.shape[1] != 1:
+        return False, "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
+    why = _common(call) or _tensor_cores(call, "int8 tensor cores")
+    if why:
+        return False, why
+    if call.weight_packed.data_ptr() % 16:
+        return False, "weight_packed must be 16-byte aligned"
+    from ternop.cuda import cuda_ext
+
+    ok, why = cuda_ext.load()
+    if not ok:
+        return False, f"extension not built: {why}"
+    mod, why = _module("launch_dequant_a8")
+    if mod is None:
+        return False, why
+    if not _forced("cuda_dequant_a8"):
+        return False, f"{CPP_DECODE_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_dequant_a8)"
+    return True, ""
+
+
+def _run_cuda_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
+    config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
+    mod, _ = _module("launch_dequant_a8")
+    q, qs = _rows(call)
+    w8 = torch.ops.ternop.decode_int8_cuda(call.weight_packed, LAYOUT_CODES[call.layout])
+    return mod.int8_gemm(q, qs, w8, call.weight_scale, call.bias, config, call.dtype)
 
 
 # --- the first Triton kernels (format v1) -------------------------------------------------------
@@ -521,6 +561,7 @@ BACKENDS = (
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
     backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8),
+    backends.Backend("cuda_dequant_a8", "cuda", 9, _can_cuda_dequant_a8, _run_cuda_dequant_a8),
     backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import ternop
 from ternop import backends, layouts
-from tests.reference import linear_a8_fp64, random_packed
+from tests.reference import linear_a8_fp64, random_packed, unpack_layout_values
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,7 +26,7 @@ SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 # Every backend that needs the C++ extension: where nvcc exists, a failed build is a failure.
 EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_wgmma", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused",
-                "cuda_wgmma_a8")
+                "cuda_wgmma_a8", "cuda_dequant_a8")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
 LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_tiles": ("a16",), "cuda_wgmma": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
               "triton_gemv": ("v1",)}  # fmt: skip
@@ -108,11 +108,16 @@ def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     if name not in EXT_BACKENDS:
         return
     if "extension not built" in why:
-        from torch.utils import cpp_extension
+        _no_extension(why)
 
-        if cpp_extension.CUDA_HOME is None:
-            pytest.skip(why)
-        pytest.fail(f"nvcc is present but the CUDA extension did not build: {why}")
+
+def _no_extension(why):
+    """Skips where no nvcc could build the C++ extension; where one could, its failure fails the test."""
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:
+        pytest.skip(why)
+    pytest.fail(f"nvcc is present but the CUDA extension did not build: {why}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -682,7 +687,7 @@ def _row_scale(n):
     return (torch.rand(n, 1, device="cuda") * 0.1 + 0.01).half()
 
 
-@pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", *A8_CPP])
+@pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", "cuda_dequant_a8", *A8_CPP])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, name, dtype):
     """One scale per row (weight_scale [N, 1]) leaves a kernel no freedom (ternop/activations.py):
@@ -705,6 +710,31 @@ def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, 
         want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
         bad = (y.cpu() != want).nonzero()
         assert bad.numel() == 0, (name, m, k, n, len(bad), bad[:4].tolist())
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+def test_decode_int8_cuda_gives_the_values_of_the_spec(layout):
+    """ternop::decode_int8_cuda: the values of the codes (reserved ones read 0) as int8 [N, K], the same
+    as the Triton decode's, for row counts that leave a partial block of threads and K of one block."""
+    from ternop.cuda import cuda_ext
+    from ternop.cuda.launch_dequant_a8 import decode_int8
+    from ternop.layouts import LAYOUT_CODES
+
+    ok, why = cuda_ext.load()
+    if not ok:
+        _no_extension(why)
+    for n, k in [(1, 128), (17, 384), (300, 1152), (4096, 1024)]:
+        v1, _ = _weights(n, k, reserved=True)
+        packed = layouts.repack(v1, layout)
+        w8 = torch.ops.ternop.decode_int8_cuda(packed, LAYOUT_CODES[layout])
+        assert w8.dtype == torch.int8 and w8.shape == (n, k)
+        want = torch.from_numpy(unpack_layout_values(packed, layout)).to(torch.int8)
+        assert torch.equal(w8.cpu(), want), (n, k)
+        assert torch.equal(w8, decode_int8(packed, layout)), (n, k)
+    with pytest.raises(RuntimeError, match="contiguous, 16-byte aligned uint8"):
+        torch.ops.ternop.decode_int8_cuda(packed[:, 4:], LAYOUT_CODES[layout])
+    with pytest.raises(RuntimeError, match="layout must be 0"):
+        torch.ops.ternop.decode_int8_cuda(packed, 3)
 
 
 def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
@@ -891,7 +921,8 @@ def test_linear_cuda_a8_never_falls_back(monkeypatch):
     for name in BACKENDS:
         ok, why = backends.get(name).can_implement(_call(x, v1, scale, bits=8))
         assert not ok and "16-bit" in why, name
-    keep = {k: b for k, b in backends._BACKENDS.items() if k not in ("triton_a8", "dequant_a8", *A8_CPP)}
+    keep = {k: b for k, b in backends._BACKENDS.items()
+            if k not in ("triton_a8", "dequant_a8", "cuda_dequant_a8", *A8_CPP)}  # fmt: skip
     monkeypatch.setattr(backends, "_BACKENDS", keep)
     monkeypatch.setattr(backends, "_ORDER", {})
     monkeypatch.setattr(backends, "_CHOICE", {})

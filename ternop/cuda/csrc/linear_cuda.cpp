@@ -16,6 +16,7 @@
 //                             int tile=-1) -> Tensor
 //   ternop::linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
 //                                Tensor? bias, ScalarType dtype, int tile=-1) -> Tensor
+//   ternop::decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -35,7 +36,9 @@
 // same arguments and runs Hopper's wgmma (ternary_wgmma.cu, sm_90a builds only; its splits of K add
 // up inside thread-block clusters where the device runs them in one wave, else through the
 // workspace), and
-// linear_cuda_wgmma_a8 is the W2A8 op's Hopper form (any M; ternary_wgmma_a8.cu). They allocate only through
+// linear_cuda_wgmma_a8 is the W2A8 op's Hopper form (any M; ternary_wgmma_a8.cu). decode_int8_cuda
+// returns the weights' values as int8 [N, K] (-1, 0, +1, no scale; ternary_dequant.cu), the dense
+// operand of the W2A8 int8 GEMM at large M. They allocate only through
 // the caching allocator and launch on the current stream, so they are safe inside CUDA graph
 // capture.
 
@@ -78,6 +81,7 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
                                     int tile, int sms, cudaStream_t stream);
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
+cudaError_t launch_ternary_decode_int8(const uint8_t* wp, int layout, int8_t* out, int N, int K, cudaStream_t stream);
 }  // namespace ternop
 
 namespace {
@@ -311,6 +315,25 @@ at::Tensor linear_cuda_dequant(const at::Tensor& x, const at::Tensor& weight_pac
   return at::linear(x, w, bias);
 }
 
+at::Tensor decode_int8_cuda(const at::Tensor& weight_packed, int64_t layout) {
+  const char* op = "ternop.decode_int8_cuda";
+  TORCH_CHECK(weight_packed.is_cuda() && weight_packed.scalar_type() == at::kByte && weight_packed.dim() == 2 &&
+                  weight_packed.is_contiguous() && aligned16(weight_packed),
+              op, ": weight_packed must be a contiguous, 16-byte aligned uint8 [N, K/4] CUDA tensor, got ",
+              weight_packed.scalar_type(), " ", weight_packed.sizes());
+  TORCH_CHECK(layout >= 0 && layout <= 2, op, ": layout must be 0 (v1), 1 (a16) or 2 (a8), got ", layout);
+  const int64_t N = weight_packed.size(0), K = weight_packed.size(1) * 4;
+  TORCH_CHECK(N >= 1 && K >= 128 && K % 128 == 0 && N <= INT32_MAX && K <= INT32_MAX, op,
+              ": N >= 1 and K a positive multiple of 128 that fit in int32, got N=", N, ", K=", K);
+  const c10::cuda::CUDAGuard guard(weight_packed.device());
+  at::Tensor out = at::empty({N, K}, weight_packed.options().dtype(at::kChar));
+  const cudaError_t err = ternop::launch_ternary_decode_int8(weight_packed.data_ptr<uint8_t>(), static_cast<int>(layout),
+                                                             out.data_ptr<int8_t>(), static_cast<int>(N),
+                                                             static_cast<int>(K), stream_of(weight_packed));
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
 // The shared body of the split-K a16 ops (mid and large M): x [M, K] fp16/bf16 with any row
 // stride that keeps rows 16-byte aligned, checks, the split count splits_of(M, N, K, sms), the fp32
 // workspace [splits, M, N] unless in_cluster(M, N, K, sms, splits) says the kernel adds its splits
@@ -386,4 +409,5 @@ TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda_mma_tiles", &linear_cuda_mma_tiles);
   m.impl("linear_cuda_wgmma", &linear_cuda_wgmma);
   m.impl("linear_cuda_wgmma_a8", &linear_cuda_wgmma_a8);
+  m.impl("decode_int8_cuda", &decode_int8_cuda);
 }

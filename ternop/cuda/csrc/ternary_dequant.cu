@@ -1,6 +1,7 @@
 // Dense weights from ternary codes, for large M: out [N, K] = value * scale, formed in fp32
 // and rounded once to the output dtype, exactly as ternop.dequantize (ternop/format.py) does,
-// from weights in any layout of ternop/layouts.py (v1, a16, a8).
+// from weights in any layout of ternop/layouts.py (v1, a16, a8). Also the values alone as int8
+// (-1, 0, +1), the dense weight of the W2A8 path's int8 GEMM (launch_ternary_decode_int8).
 //
 // linear_cuda.cpp runs it and then cuBLAS in one C++ op (ternop::linear_cuda_dequant), so a
 // large-M call outside a CUDA graph pays one op dispatch and one launch on the host instead
@@ -33,9 +34,14 @@ __device__ __forceinline__ constexpr int k_of_field(int p) {
 
 // The value of a 2-bit field: a16 holds u = v + 1; v1 and a8 hold the v1 code (0b11 reads as 0).
 template <int L>
+__device__ __forceinline__ int int_value_of(uint32_t c) {
+  if (L == kA16) return static_cast<int>(c) - 1;
+  return static_cast<int>(c & 1u) - static_cast<int>(c >> 1);
+}
+
+template <int L>
 __device__ __forceinline__ float value_of(uint32_t c) {
-  if (L == kA16) return static_cast<float>(static_cast<int>(c) - 1);
-  return static_cast<float>(static_cast<int>(c & 1u) - static_cast<int>(c >> 1));
+  return static_cast<float>(int_value_of<L>(c));
 }
 
 constexpr int kWarps = 8;
@@ -77,6 +83,32 @@ __global__ void __launch_bounds__(kWarps * 32) ternary_dequant_kernel(const uint
   }
 }
 
+// One thread per 32-bit word, as above; a word's 16 int8 values are one 16-byte store, so the
+// 32 threads of a warp write 512 consecutive bytes with no staging.
+template <int L>
+__global__ void __launch_bounds__(kWarps * 32) ternary_decode_int8_kernel(const uint32_t* __restrict__ wp,
+                                                                          int8_t* __restrict__ out, int64_t words) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= words) return;
+  const uint32_t word = __ldg(wp + w);
+  int8_t vals[16];
+#pragma unroll
+  for (int p = 0; p < 16; ++p) vals[k_of_field<L>(p)] = static_cast<int8_t>(int_value_of<L>((word >> (2 * p)) & 3u));
+  uint4 chunk;
+  memcpy(&chunk, vals, 16);
+  reinterpret_cast<uint4*>(out)[w] = chunk;
+}
+
+template <int L>
+cudaError_t launch_int8_t(const uint8_t* wp, int8_t* out, int N, int K, cudaStream_t stream) {
+  const int64_t words = static_cast<int64_t>(N) * (K / 16);
+  const int64_t grid = (words + kWarps * 32 - 1) / (kWarps * 32);
+  if (grid > INT32_MAX) return cudaErrorInvalidValue;
+  ternary_decode_int8_kernel<L><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(
+      reinterpret_cast<const uint32_t*>(wp), out, words);
+  return cudaGetLastError();
+}
+
 template <typename T, int L>
 cudaError_t launch_t(const uint8_t* wp, const __half* ws, T* out, int N, int K, cudaStream_t stream) {
   const int64_t words = static_cast<int64_t>(N) * (K / 16);
@@ -104,6 +136,17 @@ cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layo
       default: return launch_t<T, kV1>(wp, ws, o, N, K, stream);
     }
   });
+}
+
+// wp as above; out: int8 [N, K] contiguous and 16-byte aligned, the values -1, 0, +1 (no scale).
+cudaError_t launch_ternary_decode_int8(const uint8_t* wp, int layout, int8_t* out, int N, int K,
+                                       cudaStream_t stream) {
+  if (N < 1 || K < 128 || K % 128 != 0 || layout < kV1 || layout > kA8) return cudaErrorInvalidValue;
+  switch (layout) {
+    case kA16: return launch_int8_t<kA16>(wp, out, N, K, stream);
+    case kA8: return launch_int8_t<kA8>(wp, out, N, K, stream);
+    default: return launch_int8_t<kV1>(wp, out, N, K, stream);
+  }
 }
 
 }  // namespace ternop
