@@ -270,17 +270,15 @@ def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
         return False, why
     if call.weight_packed.data_ptr() % 16:
         return False, "weight_packed must be 16-byte aligned"
+    if not _forced("cuda_dequant_a8"):  # before the build: a backend that will not run builds nothing
+        return False, f"{CPP_DECODE_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_dequant_a8)"
     from ternop.cuda import cuda_ext
 
     ok, why = cuda_ext.load()
     if not ok:
         return False, f"extension not built: {why}"
     mod, why = _module("launch_dequant_a8")
-    if mod is None:
-        return False, why
-    if not _forced("cuda_dequant_a8"):
-        return False, f"{CPP_DECODE_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_dequant_a8)"
-    return True, ""
+    return (mod is not None), why
 
 
 def _run_cuda_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
