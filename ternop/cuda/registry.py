@@ -220,12 +220,19 @@ def _run_dequant(call: backends.LinearCall) -> torch.Tensor:
     )
 
 
+def _a8_row_only(call: backends.LinearCall) -> str:
+    """Why a dense int8 GEMM (one scale per row) cannot take the call, else ""."""
+    if call.activation_bits != 8:
+        return _a8_only(call)
+    if call.weight_scale.shape[1] != 1:
+        return "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
+    return ""
+
+
 def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
-    why = _a8_only(call)
+    why = _a8_row_only(call)
     if why:
         return False, why
-    if call.weight_scale.shape[1] != 1:
-        return False, "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
     why = (_common(call) or _below_floor("dequant_a8", call)
            or _mma_bucket("dequant_a8", call, "int8 tensor cores"))  # fmt: skip
     if why:
@@ -244,12 +251,20 @@ def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
     return (mod is not None), why
 
 
-def _run_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
-    config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
-    mod, _ = _module("launch_dequant_a8")
-    q, qs = _rows(call)
-    return mod.linear_dequant_a8(q, qs, call.weight_packed, call.weight_scale, call.bias, call.layout, config,
-                                 call.dtype)  # fmt: skip
+def _dense_int8(decode):
+    """The run of a backend that decodes the codes to a dense int8 weight with ``decode(mod, call)``
+    and then runs dequant_a8's int8 GEMM (``launch_dequant_a8.int8_gemm``)."""
+
+    def run(call: backends.LinearCall) -> torch.Tensor:
+        config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
+        mod, _ = _module("launch_dequant_a8")
+        q, qs = _rows(call)
+        return mod.int8_gemm(q, qs, decode(mod, call), call.weight_scale, call.bias, config, call.dtype)
+
+    return run
+
+
+_run_dequant_a8 = _dense_int8(lambda mod, call: mod.decode_int8(call.weight_packed, call.layout))
 
 
 # dequant_a8's decode costs a Triton launch, 32-38 us of host time a call on the H200 at M = 16384
@@ -260,12 +275,7 @@ CPP_DECODE_A8_OFF = "cuda_dequant_a8 has not been timed against dequant_a8 in on
 
 
 def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
-    why = _a8_only(call)
-    if why:
-        return False, why
-    if call.weight_scale.shape[1] != 1:
-        return False, "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
-    why = _common(call) or _tensor_cores(call, "int8 tensor cores")
+    why = _a8_row_only(call) or _common(call) or _tensor_cores(call, "int8 tensor cores")
     if why:
         return False, why
     if call.weight_packed.data_ptr() % 16:
@@ -281,12 +291,9 @@ def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
     return (mod is not None), why
 
 
-def _run_cuda_dequant_a8(call: backends.LinearCall) -> torch.Tensor:
-    config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
-    mod, _ = _module("launch_dequant_a8")
-    q, qs = _rows(call)
-    w8 = torch.ops.ternop.decode_int8_cuda(call.weight_packed, LAYOUT_CODES[call.layout])
-    return mod.int8_gemm(q, qs, w8, call.weight_scale, call.bias, config, call.dtype)
+_run_cuda_dequant_a8 = _dense_int8(
+    lambda mod, call: torch.ops.ternop.decode_int8_cuda(call.weight_packed, LAYOUT_CODES[call.layout])
+)
 
 
 # --- the first Triton kernels (format v1) -------------------------------------------------------
