@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import ternop
-from ternop import backends, ops
+from ternop import TernaryLinear, backends, ops
 from ternop.activations import quantize_rows
 from ternop.meta import check_linear_inputs
 
@@ -77,6 +77,15 @@ def main(argv=None) -> int:
                 "backends.select(call), a cached choice": per_call_us(
                     lambda: backends.select(call)),
             }
+        # A TernaryLinear called as a PyTorch model calls it: under inference mode (what vLLM and
+        # sentence-transformers' encode use) or under no_grad, where the op's autograd kernel
+        # (torch.library.register_autograd, in Python) runs on every call.
+        layer = TernaryLinear(1024, 1024, bias=False)
+        plain = torch.randn(4, 1024)
+        with torch.inference_mode():
+            res["TernaryLinear, under torch.inference_mode()"] = per_call_us(lambda: layer(plain))
+        with torch.no_grad():
+            res["TernaryLinear, under torch.no_grad()"] = per_call_us(lambda: layer(plain))
     finally:
         backends.register(real)
     for name, us in res.items():
