@@ -91,12 +91,16 @@ class TernaryLinear(nn.Module):
             layer.bias.copy_(linear.bias.detach())
         return layer.use_layout(preferred_layout(activation_bits, w.device))
 
+    def _v1_codes(self) -> torch.Tensor:
+        """``weight_packed`` in format v1 (the buffer itself when the layer holds v1)."""
+        return self.weight_packed if self.layout == "v1" else to_v1(self.weight_packed, self.layout)
+
     @torch.no_grad()
     def use_layout(self, layout: str) -> "TernaryLinear":
         """Repacks ``weight_packed`` into ``layout`` (one of ``ternop.layouts.LAYOUTS``), in place."""
         check_layout(layout)
         if layout != self.layout:
-            codes = self.weight_packed if self.layout == "v1" else to_v1(self.weight_packed, self.layout)
+            codes = self._v1_codes()
             self.weight_packed = codes if layout == "v1" else repack(codes, layout)
             self.layout = layout
         return self
@@ -121,7 +125,7 @@ class TernaryLinear(nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.layout != "v1":  # checkpoints hold format v1
-            destination[prefix + "weight_packed"] = to_v1(self.weight_packed, self.layout)
+            destination[prefix + "weight_packed"] = self._v1_codes()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):  # fmt: skip
@@ -146,8 +150,7 @@ class TernaryLinear(nn.Module):
         return ternary_linear(x, self.weight_packed, self.weight_scale, bias, self.activation_bits, self.layout)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        codes = self.weight_packed if self.layout == "v1" else to_v1(self.weight_packed, self.layout)
-        return dequantize(codes, self.weight_scale, dtype)
+        return dequantize(self._v1_codes(), self.weight_scale, dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -103,13 +103,12 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
-def _run(call: backends.LinearCall, lead: torch.Size, n: int, signature: tuple | None) -> torch.Tensor:
-    """Runs ``call`` on the backend the registry picks; the [M, N] result viewed as [*lead, N].
-    The choice is cached under ``signature`` (None: under the call's key)."""
+def _run(call: backends.LinearCall, x: torch.Tensor, signature: tuple | None) -> torch.Tensor:
+    """Runs ``call`` (x as [M, K]) on the backend the registry picks; the result shaped as x's
+    [..., N]. The choice is cached under ``signature`` (None: under the call's key)."""
     if not _cuda_loaded and call.x.is_cuda:
         _load_cuda_backends()
-    out = backends.select(call, signature).run(call)
-    return out if len(lead) == 1 else out.view(*lead, n)
+    return _shaped(backends.select(call, signature).run(call), x)
 
 
 def _linear_impl(
@@ -137,7 +136,7 @@ def _linear_impl(
         # A row scale means its expansion (16-bit kernels read a scale per block).
         weight_scale, as_is = weight_scale.expand(n, k // BLOCK_SIZE), False
     call = backends.LinearCall(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout)
-    return _run(call, x.shape[:-1], n, signature if as_is else None)
+    return _run(call, x, signature if as_is else None)
 
 
 def _linear_q8_impl(
@@ -165,7 +164,7 @@ def _linear_q8_impl(
     as_is = _as_is(q, q2, weight_packed, weight_scale) and x_scale.is_contiguous()
     call = backends.LinearCall(q2, weight_packed.contiguous(), weight_scale.contiguous(), bias, 8, layout,
                                x_scale.reshape(-1).contiguous(), out_dtype)  # fmt: skip
-    return _run(call, q.shape[:-1], n, signature if as_is else None)
+    return _run(call, q, signature if as_is else None)
 
 
 _lib.impl("linear", _linear_impl, "CPU")
