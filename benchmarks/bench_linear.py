@@ -61,7 +61,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -198,15 +197,8 @@ def _can_implement(b, call, below_floors: bool) -> bool:
     the kernel cannot run."""
     if not below_floors:
         return b.can_implement(call)[0]
-    saved = os.environ.get(backends.ENV_BACKEND)
-    os.environ[backends.ENV_BACKEND] = b.name
-    try:
+    with backends.forcing(b.name):
         return b.can_implement(call)[0]
-    finally:
-        if saved is None:
-            del os.environ[backends.ENV_BACKEND]
-        else:
-            os.environ[backends.ENV_BACKEND] = saved
 
 
 # The rows besides the forced backends': cublas_bf16 (always timed) and these.

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -74,18 +73,12 @@ def by_backend(call: backends.LinearCall, calls: int) -> dict[str, dict[str, flo
     """{backend: {"host_us", "gpu_us"}} for every backend of x's device that can run ``call`` when
     forced (some only take a call that way), each timed through its ``run``."""
     out = {}
-    saved = os.environ.pop(backends.ENV_BACKEND, None)
-    try:
-        for backend in backends.available(call.x.device.type):
-            os.environ[backends.ENV_BACKEND] = backend.name
+    for backend in backends.available(call.x.device.type):
+        with backends.forcing(backend.name):
             ok, _ = backend.can_implement(call)
             if ok:
                 host, gpu = host_and_gpu_us(lambda b=backend: b.run(call), calls)
                 out[backend.name] = {"host_us": host, "gpu_us": gpu}
-    finally:
-        os.environ.pop(backends.ENV_BACKEND, None)
-        if saved is not None:
-            os.environ[backends.ENV_BACKEND] = saved
     print("    by backend (host / gpu us): "
           + ", ".join(f"{name} {t['host_us']:.1f} / {t['gpu_us']:.1f}" for name, t in out.items()), flush=True)
     return out

@@ -22,6 +22,7 @@ checks and the key: ``cached(signature)`` is the backend such a call took, or No
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -161,6 +162,25 @@ def _forced(name: str, call: LinearCall) -> Backend:
     if not ok:
         raise RuntimeError(f"{ENV_BACKEND}={name!r} cannot run this call: {reason}")
     return backend
+
+
+@contextlib.contextmanager
+def forcing(name: str | None):
+    """Runs the block as if ``TERNOP_BACKEND=name`` were set (unset when ``name`` is None), and
+    restores the variable's previous state after it, also on error. Like the variable, a forced
+    backend lifts the speed rules (M floors, tile-count rules) but not what its kernel cannot run."""
+    saved = os.environ.get(ENV_BACKEND)
+    if name is None:
+        os.environ.pop(ENV_BACKEND, None)
+    else:
+        os.environ[ENV_BACKEND] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_BACKEND, None)
+        else:
+            os.environ[ENV_BACKEND] = saved
 
 
 def skipped() -> set[str]:

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -156,6 +158,28 @@ def test_backend_forced_and_explained(monkeypatch):
         ternop.linear(x, packed, scale)
     monkeypatch.delenv("TERNOP_BACKEND")
     assert ("cpu", True, "") in backends.explain(call)
+
+
+def test_forcing_sets_the_backend_for_a_block_and_restores_it(monkeypatch):
+    """backends.forcing(name) is TERNOP_BACKEND=name inside the block; after it, the variable is
+    what it was before (set or unset), also when the block raises."""
+    packed, scale = random_packed(8, 128)
+    x = torch.randn(2, 128)
+    monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    with backends.forcing("no_such_backend"):
+        with pytest.raises(RuntimeError, match="'no_such_backend' names no backend"):
+            ternop.linear(x, packed, scale)
+    assert "TERNOP_BACKEND" not in os.environ
+    ternop.linear(x, packed, scale)
+    monkeypatch.setenv("TERNOP_BACKEND", "cpu")
+    with pytest.raises(ValueError, match="inside"):
+        with backends.forcing("other"):
+            assert os.environ["TERNOP_BACKEND"] == "other"
+            raise ValueError("inside")
+    assert os.environ["TERNOP_BACKEND"] == "cpu"
+    with backends.forcing(None):
+        assert "TERNOP_BACKEND" not in os.environ
+    assert os.environ["TERNOP_BACKEND"] == "cpu"
 
 
 def test_backend_rejections_are_reported(monkeypatch):
