@@ -9,8 +9,8 @@ Order (lower priority first):
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
-| ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK`` | int8 (any float x) | all |
-| ``cuda_dequant_a8`` | ``dequant_a8`` with its decode launched from C++ (``ternop::decode_int8_cuda``); only when forced, until timed against ``dequant_a8`` | int8 (any float x) | all |
+| ``cuda_dequant_a8`` | C++ decoding to a dense int8 weight (``ternop::decode_int8_cuda``), then ``dequant_a8``'s int8 Triton GEMM; wherever ``dequant_a8``'s rules let it run, one Python launch fewer | int8 (any float x) | all |
+| ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK``; where the C++ extension does not build | int8 (any float x) | all |
 | ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
@@ -229,24 +229,31 @@ def _a8_row_only(call: backends.LinearCall) -> str:
     return ""
 
 
-def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
-    why = _a8_row_only(call)
-    if why:
-        return False, why
+def _dequant_a8_rules(call: backends.LinearCall) -> str:
+    """Why dequant_a8's dense int8 GEMM should not take this call, else "": its M floor, its
+    buckets of the static table, its tile-count rule and, above the graphs' M, the eager rule
+    (configs.EAGER_A8_ROW_MAX_MNK); all but what the kernel cannot run are lifted when dequant_a8 is
+    forced. cuda_dequant_a8 runs the same GEMM, so it obeys the same rules."""
     why = (_common(call) or _below_floor("dequant_a8", call)
            or _mma_bucket("dequant_a8", call, "int8 tensor cores"))  # fmt: skip
+    if why or _forced("dequant_a8"):
+        return why
+    why = configs.dequant_a8_declines(call.m, call.n, call.x.device)
+    if why:
+        return why
+    # Above the graphs' M, the Hopper kernel's one C++ launch costs less (configs.EAGER_A8_ROW_MAX_MNK).
+    if (configs.eager_a8_row_host_bound(call.m, call.n, call.k) and "cuda_wgmma_a8" not in backends.skipped()
+            and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
+        return (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
+                f"launch from C++ costs less than this path's two from Python "
+                f"(configs.EAGER_A8_ROW_MAX_MNK)")
+    return ""
+
+
+def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
+    why = _a8_row_only(call) or _dequant_a8_rules(call)
     if why:
         return False, why
-    if not _forced("dequant_a8"):
-        why = configs.dequant_a8_declines(call.m, call.n, call.x.device)
-        if why:
-            return False, why
-        # Above the graphs' M, the Hopper kernel's one C++ launch costs less (configs.EAGER_A8_ROW_MAX_MNK).
-        if (configs.eager_a8_row_host_bound(call.m, call.n, call.k) and "cuda_wgmma_a8" not in backends.skipped()
-                and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
-            return False, (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
-                           f"launch from C++ costs less than this path's two from Python "
-                           f"(configs.EAGER_A8_ROW_MAX_MNK)")
     mod, why = _module("launch_dequant_a8")
     return (mod is not None), why
 
@@ -271,7 +278,10 @@ _run_dequant_a8 = _dense_int8(lambda mod, call: mod.decode_int8(call.weight_pack
 # (results/h200/probe_host_call_a8_24815a1.json), where its calls run outside CUDA graphs and the
 # int8 embedder's step waits on the host. cuda_dequant_a8 launches the same decode from C++
 # (ternop::decode_int8_cuda) and then the same GEMM: the same result, one Python launch fewer.
-CPP_DECODE_A8_OFF = "cuda_dequant_a8 has not been timed against dequant_a8 in one run yet"
+# Timed side by side on the H200 (results/h200/probe_host_call_a8_3070b64.json, the 0.6B layers at
+# M = 8192 and 16384, where the GPU time exceeds the host time): 13-16 us less host time a call,
+# and GPU time from 5% less to 2% more. So it goes first wherever dequant_a8 would run, and
+# dequant_a8 remains for a machine whose C++ extension does not build.
 
 
 def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
@@ -281,7 +291,9 @@ def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
     if call.weight_packed.data_ptr() % 16:
         return False, "weight_packed must be 16-byte aligned"
     if not _forced("cuda_dequant_a8"):  # before the build: a backend that will not run builds nothing
-        return False, f"{CPP_DECODE_A8_OFF}; it runs only when forced ({backends.ENV_BACKEND}=cuda_dequant_a8)"
+        why = _dequant_a8_rules(call)
+        if why:
+            return False, f"{why} (dequant_a8's rules: the same GEMM)"
     from ternop.cuda import cuda_ext
 
     ok, why = cuda_ext.load()
@@ -566,7 +578,7 @@ BACKENDS = (
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
     backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8),
-    backends.Backend("cuda_dequant_a8", "cuda", 9, _can_cuda_dequant_a8, _run_cuda_dequant_a8),
+    backends.Backend("cuda_dequant_a8", "cuda", 8, _can_cuda_dequant_a8, _run_cuda_dequant_a8),
     backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),

@@ -54,7 +54,7 @@ def test_configs_tables_are_ascending_and_well_formed():
 def test_registry_order_and_names():
     registry.register_all()
     names = [b.name for b in backends.available("cuda")]
-    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_mma_tiles", "dequant_a8", "cuda_dequant_a8",
+    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_dequant_a8", "cuda_mma_tiles", "dequant_a8",
                      "cuda_wgmma_a8", "cuda_gemv",
                      "triton_a8",
                      "cuda_dequant",
@@ -252,16 +252,24 @@ def _shape_call(m, k=4096, n=14336, scales=1, bits=8, layout="a8"):
     return backends.LinearCall(x, w, SimpleNamespace(shape=(n, scales)), None, bits, layout)
 
 
-def test_registry_cuda_dequant_a8_runs_only_when_forced(monkeypatch):
-    """The C++ decode behind dequant_a8's GEMM is not in the dispatch until a run has timed it: the
-    registry passes it over naming how to force it, and forced it takes row-scaled int8 calls of any
-    M (no block scales, no 16-bit activations, and not without the extension)."""
+def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
+    """The C++ decode behind dequant_a8's GEMM runs wherever dequant_a8's rules would let dequant_a8
+    run, and goes first; where those rules decline, it declines with their reason. Forced, it takes
+    row-scaled int8 calls of any M (no block scales, no 16-bit activations, and not without the
+    extension, where dequant_a8 runs instead)."""
     from ternop.cuda import cuda_ext
 
     _hopper_ready(monkeypatch)
     monkeypatch.setattr(cuda_ext, "load", lambda: (True, ""))
-    ok, why = registry._can_cuda_dequant_a8(_shape_call(16384))
-    assert not ok and "not been timed against dequant_a8" in why and "TERNOP_BACKEND=cuda_dequant_a8" in why
+    monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
+    order = [b.name for b in backends.available("cuda")]
+    assert order.index("cuda_dequant_a8") < order.index("dequant_a8")
+    for m in (700, 16384, 100):
+        assert registry._can_cuda_dequant_a8(_shape_call(m))[0] == registry._can_dequant_a8(_shape_call(m))[0]
+    assert registry._can_cuda_dequant_a8(_shape_call(16384)) == (True, "")
+    ok, why = registry._can_cuda_dequant_a8(_shape_call(100))
+    assert not ok and why.endswith("(dequant_a8's rules: the same GEMM)")
+    assert why.startswith(registry._can_dequant_a8(_shape_call(100))[1])
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_dequant_a8")
     for m in (1, 700, 16384):
         assert registry._can_cuda_dequant_a8(_shape_call(m)) == (True, "")
@@ -269,9 +277,11 @@ def test_registry_cuda_dequant_a8_runs_only_when_forced(monkeypatch):
     assert not ok and "one scale per row" in why
     ok, why = registry._can_cuda_dequant_a8(_shape_call(16384, bits=16, layout="a16"))
     assert not ok and "activation_bits=16" in why
+    monkeypatch.delenv("TERNOP_BACKEND")
     monkeypatch.setattr(cuda_ext, "load", lambda: (False, "nvcc not found"))
     ok, why = registry._can_cuda_dequant_a8(_shape_call(16384))
     assert not ok and "extension not built: nvcc not found" in why
+    assert registry._can_dequant_a8(_shape_call(16384)) == (True, "")
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):

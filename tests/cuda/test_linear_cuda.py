@@ -95,6 +95,14 @@ def _skip_unless_wgmma(name="cuda_wgmma"):
         pytest.skip(f"{name} runs on compute capability 9.0 with an sm_90a build")
 
 
+def _dense_a8() -> str:
+    """The backend that runs dequant_a8's GEMM where its rules take a call: cuda_dequant_a8 (the
+    decode from C++) when the extension builds, else dequant_a8 (the decode from Triton)."""
+    from ternop.cuda import cuda_ext
+
+    return "cuda_dequant_a8" if cuda_ext.load()[0] else "dequant_a8"
+
+
 def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     if name is None:
         return
@@ -475,7 +483,7 @@ def test_linear_cuda_dispatch_by_m():
     reasons = dict((name, why) for name, ok, why in backends.explain(_call(x, packed, scale)) if not ok)
     assert "M=4096" in reasons["triton_gemv"]
     # int8 activations only ever run on the W2A8 backends (triton_a8 at this M; with a scale per
-    # row, dequant_a8 on Hopper where its 128 x 128 tiles fill the GPU twice over, else triton_a8)
+    # row, dequant_a8's GEMM on Hopper where its 128 x 128 tiles fill the GPU twice over, else triton_a8)
     from ternop.cuda import configs
 
     assert backends.select(_call(x, packed, scale, bits=8)).name == "triton_a8"
@@ -484,7 +492,7 @@ def test_linear_cuda_dispatch_by_m():
     wide, wide_scale = _weights(16384, 512)
     for w, s in ((packed, row), (wide, wide_scale[:, :1].contiguous())):  # 32 x 2 and 32 x 128 tiles
         takes = hopper and not configs.dequant_a8_declines(4096, w.shape[0], x.device)
-        assert backends.select(_call(x, w, s, bits=8)).name == ("dequant_a8" if takes else "triton_a8"), w.shape
+        assert backends.select(_call(x, w, s, bits=8)).name == (_dense_a8() if takes else "triton_a8"), w.shape
     assert not hopper or not configs.dequant_a8_declines(4096, 16384, x.device)  # the wide layer takes it there
 
 
@@ -820,7 +828,7 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
 
     assert backends.select(call(2048)).name == "cuda_wgmma_a8"
     assert backends.select(call(top)).name == "cuda_wgmma_a8"
-    assert backends.select(call(top + 1)).name == "dequant_a8"
+    assert backends.select(call(top + 1)).name == _dense_a8()
     q2, qs2 = q[:2048].clone(), qs[:2048].clone()
 
     def run():
