@@ -47,7 +47,7 @@ no act-order), what a user would otherwise pick to shrink weights. The report is
 with the git commit of the code it ran.
 
 Every time here is GPU time under CUDA graphs. Above M = 512 the dispatcher gives row-scaled
-int8 calls up to M * N * K = 2^34 to ``cuda_wgmma_a8``, and 16-bit calls up to 2^33 to
+int8 calls up to M * N * K = 2^33 to ``cuda_wgmma_a8``, and 16-bit calls up to 2^33 to
 ``cuda_wgmma``, for their host time, which vLLM pays there (``ternop.cuda.configs``,
 ``EAGER_A8_ROW_MAX_MNK`` and ``EAGER_A16_MAX_MNK``), so ``ternop``, ``ternop_a8_row`` and
 ``ternop_q8_row`` show those kernels at those points; ``TERNOP_GRAPH_MAX_M=1000000000`` makes the

@@ -336,9 +336,17 @@ WGMMA_A8_ROW_MIN_K = 4096
 # 18-53. At M = 16384 the kernels set the pace: cuda_wgmma_a8 took 113-418 us a call against
 # dequant_a8's 103-240. Its kernel time grows with M * N * K (the four layers at 16384: 2.9 to 4.4 ns
 # per million multiply-adds), dequant_a8's host time does not; it reaches dequant_a8's 102 us between
-# M * N * K = 2.3e10 (1024 -> 4096) and 3.6e10 (3072 -> 1024). So a row-scaled int8 call above
-# GRAPH_MAX_M tokens and up to EAGER_A8_ROW_MAX_MNK = 2^34 (1.7e10, at most about 76 us of its kernel on
-# these layers) goes to cuda_wgmma_a8 (registry._can_dequant_a8 and _can_cuda_wgmma_a8).
+# M * N * K = 2.3e10 (1024 -> 4096) and 3.6e10 (3072 -> 1024); the bound was 2^34 (1.7e10).
+# cuda_dequant_a8 then took dequant_a8's calls with one Python launch fewer, and the signature cache
+# cut every call's entry: probe_host_call.py --a8 --all-backends at 3070b64
+# (results/h200/probe_host_call_a8_3070b64.json, the same method, M = 2048, 8192 and 16384) measured it
+# at 40-46 us of host time a call on these layers (dequant_a8 53-60 us). The crossing moved down with
+# it, and 2^34 put two points on the slower side: 1024 -> 6144 at M = 2048 (1.3e10), 53 us a call on
+# cuda_wgmma_a8 against 40 on cuda_dequant_a8, and 2048 -> 1024 at M = 8192 (1.7e10), 55 against 45.
+# So a row-scaled int8 call above GRAPH_MAX_M tokens and up to EAGER_A8_ROW_MAX_MNK = 2^33 (8.6e9, at
+# most about 38 us of its kernel on these layers, the bound of the 16-bit rule below) goes to
+# cuda_wgmma_a8 (registry._can_dequant_a8 and _can_cuda_wgmma_a8); in that probe every point above
+# GRAPH_MAX_M then falls on its faster side (tests/cuda/test_configs.py holds the rule to it).
 # - By M, not by whether a graph is being captured: vLLM runs each size once eagerly before capturing
 #   it, and a Triton kernel first loaded while a stream captures fails (the driver refuses to load a
 #   module then), so the captured call must take what its warm-up took. A batch above GRAPH_MAX_M
@@ -351,7 +359,7 @@ WGMMA_A8_ROW_MIN_K = 4096
 #   rule changes no result; with block scales the kernels may round differently.
 GRAPH_MAX_M = 512
 ENV_GRAPH_MAX_M = "TERNOP_GRAPH_MAX_M"
-EAGER_A8_ROW_MAX_MNK = 1 << 34
+EAGER_A8_ROW_MAX_MNK = 1 << 33
 
 
 _engine_graph_max_m: int | None = None

@@ -389,7 +389,7 @@ def test_wgmma_a8_row_rule_picks_the_faster_kernel_of_its_run(monkeypatch):
 
 
 def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch):
-    """A row-scaled int8 call above vLLM's CUDA-graph sizes (M > 512) and up to M * N * K = 2^34 goes to
+    """A row-scaled int8 call above vLLM's CUDA-graph sizes (M > 512) and up to M * N * K = 2^33 goes to
     cuda_wgmma_a8, whose one launch from C++ costs less host time than dequant_a8's two Triton
     launches or triton_a8's one. At the graphs' M, above that product, with block scales, with the
     Hopper kernel skipped, or with dequant_a8 forced, the choice is the table's. TERNOP_GRAPH_MAX_M
@@ -405,20 +405,26 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
         ok, why = registry._can_cuda_wgmma_a8(call(m, k=1024, n=4096))
         assert not ok and "triton_a8 is faster below K=4096" in why, m
     assert "not faster than triton_a8" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096, scales=8))[1]
-    # dequant_a8 would take 2048 x 6144 (768 tiles for 132 SMs) and leaves it to the Hopper kernel.
-    ok, why = registry._can_dequant_a8(call(2048, k=1024, n=6144))
+    # dequant_a8 would take 2048 x 4096 (512 tiles for 132 SMs), exactly 2^33, and leaves it to the
+    # Hopper kernel; 2048 x 6144 (2^33.6) and 8192 x 6144 are past the product: the kernels' time.
+    ok, why = registry._can_dequant_a8(call(2048, k=1024, n=4096))
     assert not ok and "runs outside CUDA graphs" in why and "EAGER_A8_ROW_MAX_MNK" in why
-    assert registry._can_dequant_a8(call(8192, k=1024, n=6144)) == (True, "")  # 2^35.6: the kernels' time
-    monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
     assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
+    assert registry._can_dequant_a8(call(8192, k=1024, n=6144)) == (True, "")
+    monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
+    assert registry._can_dequant_a8(call(2048, k=1024, n=4096)) == (True, "")
     monkeypatch.delenv("TERNOP_SKIP_BACKENDS")
     monkeypatch.setenv("TERNOP_BACKEND", "dequant_a8")
-    assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
+    assert registry._can_dequant_a8(call(2048, k=1024, n=4096)) == (True, "")
     monkeypatch.delenv("TERNOP_BACKEND")
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2048")  # a larger capture size: 2048 is a graph's M now
-    assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
+    assert registry._can_dequant_a8(call(2048, k=1024, n=4096)) == (True, "")
     assert "triton_a8 is faster below K=4096" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))[1]
-    assert registry._can_cuda_wgmma_a8(call(2049, k=1024, n=4096)) == (True, "")
+    # One row past the bound the call is eager: on 2048 -> 1024 (2^32) the Hopper kernel takes it, where
+    # inside a graph the table leaves it to triton_a8.
+    assert registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024)) == (True, "")
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2049")
+    assert "but on N <= 1024 at M = 256..2047" in registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024))[1]
     for bad in ("lots", "-1"):
         monkeypatch.setenv("TERNOP_GRAPH_MAX_M", bad)
         with pytest.raises(ValueError, match="TERNOP_GRAPH_MAX_M"):
@@ -426,30 +432,34 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
 
 
 def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe(monkeypatch):
-    """configs.EAGER_A8_ROW_MAX_MNK against the probe it was set from (50 eager calls in a row of each
-    int8 backend, forced, on the embedder's four layers at M = 2048 and 16384, on an H200): at every
-    point the rule's side, cuda_wgmma_a8 or the backend the table picks, finished its calls first: at
-    M = 2048, where the rule takes cuda_wgmma_a8, the table's pick took 1.9-4.0x as long; at 16384,
-    where it does not, cuda_wgmma_a8 took 1.1-1.9x as long."""
+    """configs.EAGER_A8_ROW_MAX_MNK against the probe it was last set from (50 eager calls in a row of
+    each int8 backend, forced, on the embedder's four layers at M = 2048, 8192 and 16384 on an H200,
+    after cuda_dequant_a8 took dequant_a8's calls): at every point above the graphs' M the rule's side
+    finished its calls first. Where the rule takes cuda_wgmma_a8, cuda_dequant_a8 (the table's pick
+    without the rule) took at least 1.5x as long; where it does not, cuda_wgmma_a8 took longer than
+    cuda_dequant_a8, and the registry lets the dense path take the call."""
     import json
     from pathlib import Path
 
+    _hopper_ready(monkeypatch)
     monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
-    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_a8_24815a1.json"
-    points = 0
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_a8_3070b64.json"
+    points = ruled = 0
     for row in json.loads(run.read_text())["results"]:
         m, n, k = row["M"], row["N"], row["K"]
         if m <= configs.GRAPH_MAX_M:
             continue  # run inside CUDA graphs, where host time is not paid
         wall = {name: t["gpu_us"] for name, t in row["by_backend"].items()}
-        cpp, table = wall["cuda_wgmma_a8"], wall[row["backend"]]
+        cpp, dense = wall["cuda_wgmma_a8"], wall["cuda_dequant_a8"]
         if configs.eager_a8_row_host_bound(m, n, k):
-            assert table >= 1.5 * cpp, (m, n, k, cpp, table)
+            assert dense >= 1.5 * cpp, (m, n, k, cpp, dense)
+            assert not registry._can_dequant_a8(_shape_call(m, k=k, n=n))[0], (m, n, k)
+            ruled += 1
         else:
-            assert cpp > table, (m, n, k, cpp, table)
+            assert cpp > dense, (m, n, k, cpp, dense)
+            assert registry._can_dequant_a8(_shape_call(m, k=k, n=n)) == (True, ""), (m, n, k)
         points += 1
-    assert points == 8
+    assert (points, ruled) == (12, 3)
 
 
 def test_the_engine_sets_the_graphs_bound_and_the_environment_overrides_it(monkeypatch):

@@ -802,7 +802,7 @@ def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
 
 def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(monkeypatch):
     """A row-scaled int8 call above vLLM's CUDA-graph sizes with M * N * K up to
-    configs.EAGER_A8_ROW_MAX_MNK runs on cuda_wgmma_a8 (one launch from C++): 1024 -> 6144 at M = 2048.
+    configs.EAGER_A8_ROW_MAX_MNK runs on cuda_wgmma_a8 (one launch from C++): 1024 -> 4096 at M = 2048.
     One token row more than the product allows goes back to the table's dequant_a8. The choice does not
     depend on capture, so the same call captured after its eager warm-up replays the same kernel, with
     the bits of eager and of the CPU reference."""
@@ -813,13 +813,13 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
     monkeypatch.delenv(configs.ENV_GRAPH_MAX_M, raising=False)
     monkeypatch.setattr(configs, "_engine_graph_max_m", None)  # an in-process vLLM engine may have set it
     backends.clear_cache()
-    v1, _ = _weights(6144, 1024)
-    packed, row = layouts.repack(v1, "a8"), _row_scale(6144)
-    top = configs.EAGER_A8_ROW_MAX_MNK // (6144 * 1024)
+    v1, _ = _weights(4096, 1024)
+    packed, row = layouts.repack(v1, "a8"), _row_scale(4096)
+    top = configs.EAGER_A8_ROW_MAX_MNK // (4096 * 1024)
     x = torch.randn(top + 1, 1024, device="cuda", dtype=torch.bfloat16)
     _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
     _skip_unless_wgmma("cuda_wgmma_a8")
-    if configs.dequant_a8_declines(top + 1, 6144, x.device):
+    if configs.dequant_a8_declines(top + 1, 4096, x.device):
         pytest.skip("dequant_a8 leaves this layer to the fused kernels on a GPU of this many SMs")
     q, qs = quantize_rows(x)
 
