@@ -803,7 +803,7 @@ def test_linear_cuda_wgmma_a8_split_k_graph_capture_and_compile(monkeypatch):
 def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(monkeypatch):
     """A row-scaled int8 call above vLLM's CUDA-graph sizes with M * N * K up to
     configs.EAGER_A8_ROW_MAX_MNK runs on cuda_wgmma_a8 (one launch from C++): 1024 -> 4096 at M = 2048.
-    One token row more than the product allows goes back to the table's dequant_a8. The choice does not
+    One token row more than the product allows goes back to the table's dense int8 path. The choice does not
     depend on capture, so the same call captured after its eager warm-up replays the same kernel, with
     the bits of eager and of the CPU reference."""
     from ternop.cuda import configs
