@@ -245,7 +245,7 @@ def _dequant_a8_rules(call: backends.LinearCall) -> str:
     if (configs.eager_a8_row_host_bound(call.m, call.n, call.k) and "cuda_wgmma_a8" not in backends.skipped()
             and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
         return (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
-                f"launch from C++ costs less than this path's two from Python "
+                f"launch from C++ costs less host time than the dense int8 path's Triton launches "
                 f"(configs.EAGER_A8_ROW_MAX_MNK)")
     return ""
 
