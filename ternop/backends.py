@@ -95,6 +95,12 @@ class LinearCall(NamedTuple):
 
 CanImplement = Callable[[LinearCall], "tuple[bool, str]"]
 Run = Callable[[LinearCall], torch.Tensor]
+Variant = Callable[[LinearCall], tuple]
+
+
+def no_variant(call: LinearCall) -> tuple:
+    """The variant of a backend whose kernels are built once for every call it takes."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,10 @@ class Backend:
     """One implementation of ternop::linear.
 
     ``run(call)`` returns a new ``[M, N]`` tensor in x's dtype. Lower ``priority`` is tried first.
+    ``variant(call)`` names the compiled kernels the call runs, beyond the call's key: two calls of
+    one layer with the same backend and variant run kernels that were compiled once, for either
+    (a JIT-compiled kernel is built anew for each tile, split of K or class of M; ``ternop.warmup``
+    builds each before serving).
     """
 
     name: str
@@ -109,6 +119,7 @@ class Backend:
     priority: int
     can_implement: CanImplement
     run: Run
+    variant: Variant = no_variant
 
 
 _BACKENDS: dict[str, Backend] = {}

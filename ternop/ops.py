@@ -111,6 +111,27 @@ def _run(call: backends.LinearCall, x: torch.Tensor, signature: tuple | None) ->
     return _shaped(backends.select(call, signature).run(call), x)
 
 
+def _expands(weight_scale: torch.Tensor, k: int, activation_bits: int) -> bool:
+    return weight_scale.shape[1] != k // BLOCK_SIZE and activation_bits == 16
+
+
+def linear_call(
+    x2: torch.Tensor,
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation_bits: int = 16,
+    layout: str = "v1",
+) -> backends.LinearCall:
+    """The registry's call that ``ternop::linear`` makes of checked arguments with x2 [M, K] (unit
+    stride along K, rows apart): a row scale with 16-bit activations becomes its expansion, since
+    16-bit kernels read a scale per block."""
+    n, k = weight_packed.shape[0], x2.shape[1]
+    if _expands(weight_scale, k, activation_bits):
+        weight_scale = weight_scale.expand(n, k // BLOCK_SIZE)
+    return backends.LinearCall(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout)
+
+
 def _linear_impl(
     x: torch.Tensor,
     weight_packed: torch.Tensor,
@@ -131,11 +152,9 @@ def _linear_impl(
     x2 = _rows(x)
     if x2.shape[0] == 0:
         return x.new_empty((*x.shape[:-1], n))
-    as_is = _as_is(x, x2, weight_packed, weight_scale)
-    if weight_scale.shape[1] != k // BLOCK_SIZE and activation_bits == 16:
-        # A row scale means its expansion (16-bit kernels read a scale per block).
-        weight_scale, as_is = weight_scale.expand(n, k // BLOCK_SIZE), False
-    call = backends.LinearCall(x2, weight_packed.contiguous(), weight_scale.contiguous(), bias, activation_bits, layout)
+    # A row scale with 16-bit activations is expanded (linear_call): not the tensor the signature saw.
+    as_is = _as_is(x, x2, weight_packed, weight_scale) and not _expands(weight_scale, k, activation_bits)
+    call = linear_call(x2, weight_packed, weight_scale, bias, activation_bits, layout)
     return _run(call, x, signature if as_is else None)
 
 

@@ -419,6 +419,14 @@ def eager_a16_host_bound(m: int, n: int, k: int) -> bool:
     return m > max(graph_max_m(), WGMMA_MID_M) and m * n * k <= EAGER_A16_MAX_MNK
 
 
+def host_rule_edges(n: int, k: int) -> list[int]:
+    """The M at which the rules above change their answer for an N x K layer, and the M after
+    each: the CUDA-graph bound and the two eager products' bounds. The tables' buckets and tiles
+    change only at multiples of 16; these need not (``ternop.warmup`` samples both)."""
+    edges = [graph_max_m(), EAGER_A8_ROW_MAX_MNK // (n * k), EAGER_A16_MAX_MNK // (n * k)]
+    return sorted({e + d for e in edges for d in (0, 1) if e + d >= 1})
+
+
 def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
     """(tile, CTAs) of a row-scaled cuda_wgmma_a8 launch before any split of K, as
     ``ternary_wgmma_a8_tile`` in ternary_wgmma_a8.cu picks the tile (tests/cuda/test_wgmma_tile_rule.py

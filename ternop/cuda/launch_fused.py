@@ -25,12 +25,17 @@ _REDUCE_BLOCK = 1024
 QUANT_TWO_PASS_MIN_M = 1024
 
 
+def tiles_and_splits(m: int, n: int, k: int, config: configs.FusedConfig, device: torch.device) -> tuple[int, int]:
+    """(output tiles, slices of K) of a fused launch for [M, K] x [N, K]^T."""
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    sms = configs.sm_count(device) if device.type == "cuda" else 1
+    return tiles, configs.split_k(tiles, k // 128, sms, config.max_split_k)
+
+
 def _setup(rows: torch.Tensor, n: int, config: configs.FusedConfig, dtype: torch.dtype):
     """(grid, splits, out [M, N] in dtype, split-K workspace [splits, M, N] fp32 or out)."""
     m, k = rows.shape
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    sms = configs.sm_count(rows.device) if rows.device.type == "cuda" else 1
-    splits = configs.split_k(tiles, k // 128, sms, config.max_split_k)
+    tiles, splits = tiles_and_splits(m, n, k, config, rows.device)
     out = torch.empty((m, n), dtype=dtype, device=rows.device)
     ws = torch.empty((splits, m, n), dtype=torch.float32, device=rows.device) if splits > 1 else out
     return (tiles, splits), splits, out, ws
@@ -72,6 +77,11 @@ def linear_a16(x, weight_packed, weight_scale, bias, layout: str, config: config
     return out
 
 
+def quant_block_k(m: int, k: int) -> int:
+    """The K extent ``quantize_rows`` reads of a row at a time, for x [M, K] (see there)."""
+    return min(16384 if m < QUANT_TWO_PASS_MIN_M else 4096, triton.next_power_of_2(k))
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token int8 quantization of x [M, K] on its device, exactly as ``ternop.activations``."""
     m, k = x.shape
@@ -81,7 +91,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # critical path). Large M: blocks of at most 4096, the row read twice (the second time from
     # L2), which keeps the kernel near HBM speed (probe_a8_dense.py --quant on the H200: 101 us
     # against 172 us at M = 8192, K = 14336; the same time where K <= 4096).
-    block_k = min(16384 if m < QUANT_TWO_PASS_MIN_M else 4096, triton.next_power_of_2(k))
+    block_k = quant_block_k(m, k)
     quant_rows_kernel[(m,)](
         x, q, qs, k, x.stride(0), q.stride(0),
         BLOCK_K=block_k, num_warps=8 if block_k >= 8192 else 4,

@@ -571,23 +571,72 @@ def _run_cuda_mma_a8_fused(call: backends.LinearCall) -> torch.Tensor:
     return torch.ops.ternop.linear_cuda_mma_a8_fused(*_contiguous(call))
 
 
+# --- variants: which compiled kernels a call runs (backends.Backend.variant) ---------------------
+#
+# The C++ kernels are built once for every M. A Triton kernel is compiled for each set of its
+# compile-time constants, some of which follow M (the tile of M's bucket, the slices of K), and for
+# each class of an integer argument's value: Triton specialises M = 1 and multiples of 16.
+
+
+def _m_class(m: int) -> str:
+    """The class of M that Triton compiles a kernel taking M as an argument for."""
+    return "1" if m == 1 else "16n" if m % 16 == 0 else "any"
+
+
+def _quant_variant(call: backends.LinearCall) -> tuple:
+    """The per-token quantization kernel a call of the int8 backends runs first, if any."""
+    if call.quantized:
+        return ()
+    mod, _ = _module("launch_fused")
+    return ("quant_rows", mod.quant_block_k(call.m, call.k))
+
+
+def _fused_variant(name: str):
+    def variant(call: backends.LinearCall) -> tuple:
+        config, _ = configs.lookup(name, call.m, call.x.device, True)
+        mod, _ = _module("launch_fused")
+        _, splits = mod.tiles_and_splits(call.m, call.n, call.k, config, call.x.device)
+        return (config, splits, _m_class(call.m), *(_quant_variant(call) if name == "triton_a8" else ()))
+
+    return variant
+
+
+def _table_variant(name: str, takes_m: bool = True):
+    """A Triton kernel launched with the config of M's bucket (and M itself where ``takes_m``)."""
+
+    def variant(call: backends.LinearCall) -> tuple:
+        config, _ = configs.lookup(name, call.m, call.x.device, True)
+        return (config, _m_class(call.m)) if takes_m else (config,)
+
+    return variant
+
+
+def _dense_int8_variant(call: backends.LinearCall) -> tuple:
+    return (_m_class(call.m), *_quant_variant(call))
+
+
 BACKENDS = (
     backends.Backend("cuda_mma_a8_fused", "cuda", 4, _can_cuda_mma_a8_fused, _run_cuda_mma_a8_fused),
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
-    backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
+    backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8, _quant_variant),
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
-    backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8),
-    backends.Backend("cuda_dequant_a8", "cuda", 8, _can_cuda_dequant_a8, _run_cuda_dequant_a8),
-    backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8),
+    backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8, _dense_int8_variant),
+    backends.Backend("cuda_dequant_a8", "cuda", 8, _can_cuda_dequant_a8, _run_cuda_dequant_a8, _dense_int8_variant),
+    backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8, _quant_variant),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
-    backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8),
-    backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16),
+    backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8, _fused_variant("triton_a8")),
+    backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16,
+                     _fused_variant("triton_a16")),  # fmt: skip
     backends.Backend("cuda_dequant", "cuda", 17, _can_cuda_dequant, _run_cuda_dequant),
-    backends.Backend("dequant_cublas", "cuda", 18, _can_dequant_cublas, _run_dequant),
-    backends.Backend("triton_gemm", "cuda", 30, _can_triton_v1("triton_gemm"), _run_triton_gemm),
-    backends.Backend("triton_gemv", "cuda", 40, _can_triton_v1("triton_gemv"), _run_triton_gemv),
-    backends.Backend("dequant_any", "cuda", 90, _can_dequant_any, _run_dequant),
+    backends.Backend("dequant_cublas", "cuda", 18, _can_dequant_cublas, _run_dequant,
+                     _table_variant("dequant_cublas", takes_m=False)),  # fmt: skip
+    backends.Backend("triton_gemm", "cuda", 30, _can_triton_v1("triton_gemm"), _run_triton_gemm,
+                     _table_variant("triton_gemm")),  # fmt: skip
+    backends.Backend("triton_gemv", "cuda", 40, _can_triton_v1("triton_gemv"), _run_triton_gemv,
+                     _table_variant("triton_gemv", takes_m=False)),  # fmt: skip
+    backends.Backend("dequant_any", "cuda", 90, _can_dequant_any, _run_dequant,
+                     _table_variant("dequant_cublas", takes_m=False)),  # fmt: skip
 )
 
 
