@@ -43,6 +43,7 @@ import os
 import torch
 
 import ternop  # noqa: F401  (registers torch.ops.ternop.linear)
+from ternop import warmup
 from ternop.activations import QuantizedRows, quantize_rows, row_scales
 from ternop.format import BLOCK_SIZE, CODES_PER_BYTE, PACKED_DTYPE, SCALE_DTYPE, FormatError, validate
 from ternop.layouts import preferred_layout, repack
@@ -54,6 +55,9 @@ from ternop.vllm_plugin._compat import (
 )
 
 _EXPECTED = {"weight_packed": (PACKED_DTYPE, CODES_PER_BYTE), "weight_scale": (SCALE_DTYPE, BLOCK_SIZE)}
+
+# The largest batch (tokens) warmed where the engine's config does not say.
+DEFAULT_MAX_M = 8192
 
 # TERNOP_FUSE_QUANT as set (read once, at import; vLLM's workers import the plugin after their
 # environment is set): "" (unset) leaves the choice to quant_in_graph.
@@ -93,6 +97,16 @@ def _note_graph_max_m() -> None:
         from ternop.cuda import configs
 
         configs.set_graph_max_m(size)
+
+
+def _max_batched_tokens() -> int:
+    """The most tokens one step of the engine being built runs (``max_num_batched_tokens``), else
+    DEFAULT_MAX_M: the largest M its layers see, up to which they are warmed (``ternop.warmup``)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    value = getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_MAX_M
 
 
 def _checked_loader(weight_loader, prefix: str, name: str, input_size: int):
@@ -168,6 +182,7 @@ class TernaryLinearMethod(LinearMethodBase):
         layer.ternop_prefix = prefix
         layer.ternop_act_dtype = params_dtype
         layer.ternop_quant_in_graph = quant_in_graph(_runner())
+        layer.ternop_max_m = _max_batched_tokens()
         _note_graph_max_m()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -203,6 +218,12 @@ class TernaryLinearMethod(LinearMethodBase):
         dtype = getattr(layer, "ternop_act_dtype", None)
         if isinstance(bias, torch.Tensor) and dtype is not None and bias.dtype != dtype:
             bias.data = bias.data.to(dtype)
+        if device.type == "cuda" and warmup.enabled():
+            # Compile the kernels of every batch size this layer can see now, not on a request.
+            warmup.warm_up(layer.weight_packed.data, tied if tied is not None else layer.weight_scale.data,
+                           bias.data if isinstance(bias, torch.Tensor) else None, activation_bits=bits,
+                           layout=layout, dtype=dtype or torch.bfloat16,
+                           max_m=getattr(layer, "ternop_max_m", DEFAULT_MAX_M))  # fmt: skip
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.
