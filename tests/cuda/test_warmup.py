@@ -13,7 +13,7 @@ import torch
 from ternop import backends, layouts, warmup
 from ternop.cuda import configs, registry
 from tests.conftest import requires_cuda
-from tests.reference import random_packed
+from tests.reference import assert_within_2x_of_dense, random_packed
 
 DEV = torch.device("cuda", 0)  # a device object only in the plan tests; CUDA is never initialised
 
@@ -160,7 +160,9 @@ def test_warm_up_leaves_nothing_to_compile(monkeypatch, bits, scales):
     for m in ms:
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         y = torch.ops.ternop.linear(x.cuda(), w, s, None, bits, layout)
-        if m in (31, 300, 1025):
+        if m in (31, 300) and bits == 16:  # the fp64 oracle: slow at larger M
+            assert_within_2x_of_dense(y.cpu(), x, packed, scale)
+        elif bits == 8 and m in (31, 300, 1025):  # int8: the same int32 sums as the CPU reference, then its scalings
             ref = torch.ops.ternop.linear(x, packed, scale, None, bits, "v1")
             torch.testing.assert_close(y.cpu().float(), ref.float(), rtol=2e-2, atol=2e-2)
     torch.cuda.synchronize()
