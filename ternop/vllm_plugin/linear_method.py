@@ -218,12 +218,15 @@ class TernaryLinearMethod(LinearMethodBase):
         dtype = getattr(layer, "ternop_act_dtype", None)
         if isinstance(bias, torch.Tensor) and dtype is not None and bias.dtype != dtype:
             bias.data = bias.data.to(dtype)
-        if device.type == "cuda" and warmup.enabled():
-            # Compile the kernels of every batch size this layer can see now, not on a request.
-            warmup.warm_up(layer.weight_packed.data, tied if tied is not None else layer.weight_scale.data,
-                           bias.data if isinstance(bias, torch.Tensor) else None, activation_bits=bits,
-                           layout=layout, dtype=dtype or torch.bfloat16,
-                           max_m=getattr(layer, "ternop_max_m", DEFAULT_MAX_M))  # fmt: skip
+        if warmup.enabled():  # (on CUDA; elsewhere nothing is compiled and warm_up returns at once)
+            # Compile the kernels of every batch size this layer can see now, not on a request. A layer
+            # with a bias is warmed without it too: vLLM leaves it out on the other ranks of a
+            # row-parallel layer and where the model adds it itself (skip_bias_add).
+            biases = [None] + ([bias.data] if isinstance(bias, torch.Tensor) else [])
+            for b in biases:
+                warmup.warm_up(layer.weight_packed.data, tied if tied is not None else layer.weight_scale.data, b,
+                               activation_bits=bits, layout=layout, dtype=dtype or torch.bfloat16,
+                               max_m=getattr(layer, "ternop_max_m", DEFAULT_MAX_M))  # fmt: skip
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.

@@ -251,3 +251,37 @@ def test_building_a_layer_hands_the_engines_largest_captured_batch_to_the_dispat
     linear_method._note_graph_max_m()
     assert configs.graph_max_m() == 0
     configs.set_graph_max_m(None)
+
+
+def test_loading_a_layer_warms_its_kernels_with_and_without_its_bias(monkeypatch):
+    """After loading, each layer is warmed up to the engine's max_num_batched_tokens with the
+    scales its calls take (the row scale of tied int8 rows), with its bias and without it (the
+    other ranks of a row-parallel layer leave it out); TERNOP_WARMUP=0 skips it."""
+    from types import SimpleNamespace
+
+    import vllm.config
+
+    from ternop import warmup
+
+    calls = []
+    monkeypatch.setattr(warmup, "warm_up", lambda *a, **kw: calls.append((a, kw)) or [])
+    engine = SimpleNamespace(compilation_config=SimpleNamespace(max_cudagraph_capture_size=512),
+                             scheduler_config=SimpleNamespace(max_num_batched_tokens=3000))  # fmt: skip
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: engine)
+    monkeypatch.delenv(warmup.ENV_WARMUP, raising=False)
+    layer, _, _ = _loaded_column(torch.bfloat16, activation_bits=8, tied=True)
+    assert [a[2] is None for a, _ in calls] == [True, False]
+    for (packed, scale, _), kw in calls:
+        assert packed.data_ptr() == layer.weight_packed.data_ptr() and scale is layer.ternop_row_scale
+        assert kw == {"activation_bits": 8, "layout": layer.ternop_layout, "dtype": torch.bfloat16, "max_m": 3000}
+    assert calls[1][0][2].data_ptr() == layer.bias.data_ptr()
+    calls.clear()
+    _loaded_column(torch.float32, bias=False)
+    assert len(calls) == 1 and calls[0][0][1].shape == (384, 2) and calls[0][1]["max_m"] == 3000
+    calls.clear()
+    monkeypatch.setenv(warmup.ENV_WARMUP, "0")
+    _loaded_column(torch.float32)
+    assert calls == []
+    from ternop.cuda import configs
+
+    configs.set_graph_max_m(None)
