@@ -44,7 +44,7 @@ Workloads (random weights; speed does not depend on their values):
           checkpoint of its own whose blocks share one scale a row: ternary_a8_row). --no-a16 and
           --no-a8 leave a ternary model out, as for embed; --a8-unfused adds each int8 model
           once more with TERNOP_FUSE_QUANT=0 ("<name>_unfused"), as for embed and bitnet;
-          --a8-unfused-only runs only that one of the two (decode, bitnet). The int8 engines
+          --a8-unfused-only runs only that one of the two (embed, decode, bitnet). The int8 engines
           without the variable take the plugin's default, which for these generating models
           quantizes inside the op (ternop.vllm_plugin.linear_method.quant_in_graph) as
           TERNOP_FUSE_QUANT=0 does; --a8-in-graph adds each once more with TERNOP_FUSE_QUANT=1
@@ -807,7 +807,7 @@ def main() -> None:
                              "the compiled graph or by BitNet's norms): interleaved with the others for embed, "
                              "after them for decode and bitnet")  # fmt: skip
     parser.add_argument("--a8-unfused-only", action="store_true",
-                        help="decode, bitnet: as --a8-unfused, without the int8 model under the plugin's default")
+                        help="as --a8-unfused, without the int8 model under the plugin's default")
     parser.add_argument("--a8-in-graph", action="store_true",
                         help="decode, bitnet: also run each int8 model with TERNOP_FUSE_QUANT=1 (x quantized in "
                              "the compiled graph, where Inductor fuses it into the norm before), '<name>_in_graph'")
@@ -945,11 +945,13 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
     if not args.no_a8:
         row = args.a8_scales == "row"
         a8 = "ternary_a8_row" if row else "ternary_a8"
-        folders[a8] = write_model(
+        folder = write_model(
             work / f"embed-ternary-a8-{args.a8_scales}", shape, ternary=True, dtype_name=args.dtype, activation_bits=8,
             row_scales=row)
-        if args.a8_unfused:  # the same model with the quantization inside ternop::linear
-            folders[a8 + "_unfused"] = folders[a8]
+        if not args.a8_unfused_only:
+            folders[a8] = folder
+        if args.a8_unfused or args.a8_unfused_only:  # the same model with the quantization inside ternop::linear
+            folders[a8 + "_unfused"] = folder
             envs[a8 + "_unfused"] = {"TERNOP_FUSE_QUANT": "0"}
     for item in args.twin:
         base, sep, name = item.partition(":")
