@@ -45,13 +45,14 @@ def enabled() -> bool:
 
 def sample_ms(max_m: int, edges: Iterable[int] = ()) -> list[int]:
     """The batch sizes asked for M = 1..max_m (see the module's docstring); ``edges`` are Ms where
-    a rule of the dispatcher changes its answer, added with the M after each where they fit."""
+    a rule of the dispatcher changes its answer (``configs.host_rule_edges`` gives each with the M
+    after it), added where they fit."""
     if max_m < 1:
         raise ValueError(f"max_m={max_m}: expected at least 1 token")
     ms = set(range(1, min(max_m, EVERY_M_UP_TO) + 1))
     for m in range(16, max_m + 1, 16):
         ms.update((m, m + 1))
-    ms.update(e for e in edges)
+    ms.update(edges)
     ms.add(max_m)
     return sorted(m for m in ms if 1 <= m <= max_m)
 
