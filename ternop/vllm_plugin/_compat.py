@@ -18,7 +18,10 @@ the same signatures. The differences, each found by feature, not by version numb
 
 from __future__ import annotations
 
+import logging
+
 import vllm
+from vllm.logger import init_logger
 from vllm.model_executor.layers import linear as _linear
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config as _register_quant
@@ -38,8 +41,15 @@ __all__ = [
     "register_quantization_config",
     "register_weight_loader_v2",
     "rename_mapper",
+    "vllm_logger",
     "weights_loader",
 ]
+
+
+def vllm_logger(name: str) -> logging.Logger:
+    """A logger whose lines appear in vLLM's log: vLLM gives handlers only to its "vllm" logger
+    and the loggers under it, so the plugin's own lines go to ``vllm.<name>``."""
+    return init_logger(f"vllm.{name}")
 
 
 def register_quantization_config(name: str, cls: type) -> None:

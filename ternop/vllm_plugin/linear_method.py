@@ -39,6 +39,7 @@ the layer already made (``ternop::rms_norm_quant``, BitNet's norms), passed to
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -52,12 +53,16 @@ from ternop.vllm_plugin._compat import (
     LinearMethodBase,
     PackedvLLMParameter,
     register_weight_loader_v2,
+    vllm_logger,
 )
 
 _EXPECTED = {"weight_packed": (PACKED_DTYPE, CODES_PER_BYTE), "weight_scale": (SCALE_DTYPE, BLOCK_SIZE)}
 
 # The largest batch (tokens) warmed where the engine's config does not say.
 DEFAULT_MAX_M = 8192
+
+# In vLLM's log, beside the engine's own lines (a logger outside "vllm" has no handler there).
+logger = vllm_logger("ternop")
 
 # TERNOP_FUSE_QUANT as set (read once, at import; vLLM's workers import the plugin after their
 # environment is set): "" (unset) leaves the choice to quant_in_graph.
@@ -223,10 +228,18 @@ class TernaryLinearMethod(LinearMethodBase):
             # with a bias is warmed without it too: vLLM leaves it out on the other ranks of a
             # row-parallel layer and where the model adds it itself (skip_bias_add).
             biases = [None] + ([bias.data] if isinstance(bias, torch.Tensor) else [])
+            max_m = getattr(layer, "ternop_max_m", DEFAULT_MAX_M)
+            start = time.perf_counter()
+            ran = 0
             for b in biases:
-                warmup.warm_up(layer.weight_packed.data, tied if tied is not None else layer.weight_scale.data, b,
-                               activation_bits=bits, layout=layout, dtype=dtype or torch.bfloat16,
-                               max_m=getattr(layer, "ternop_max_m", DEFAULT_MAX_M))  # fmt: skip
+                ran += len(warmup.warm_up(layer.weight_packed.data, tied if tied is not None else layer.weight_scale.data,
+                                          b, activation_bits=bits, layout=layout, dtype=dtype or torch.bfloat16,
+                                          max_m=max_m))  # fmt: skip
+            if ran:  # the first layer of its kind in this process
+                n, k = layer.weight_packed.shape[0], layer.weight_packed.shape[1] * CODES_PER_BYTE
+                logger.info("ternop: warmed %s (%d x %d, activation_bits=%d, layout %s): %d kernel variants "
+                            "for M <= %d in %.1f s", prefix, n, k, bits, layout, ran, max_m,
+                            time.perf_counter() - start)  # fmt: skip
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # The bias is already in the activation dtype (process_weights_after_loading): no per-call cast.

@@ -285,3 +285,41 @@ def test_loading_a_layer_warms_its_kernels_with_and_without_its_bias(monkeypatch
     from ternop.cuda import configs
 
     configs.set_graph_max_m(None)
+
+
+def test_a_warmed_layer_is_reported_in_vllms_log(monkeypatch):
+    """The first layer of each kind reports its warm-up through a logger under "vllm" (the only
+    loggers vLLM gives a handler), naming the layer and how many kernel variants ran; a layer
+    whose kind was warmed before (nothing ran) logs nothing."""
+    import logging
+    from types import SimpleNamespace
+
+    import vllm.config
+
+    from ternop import warmup
+    from ternop.vllm_plugin import linear_method
+
+    assert linear_method.logger.name.startswith("vllm.")
+    ran = [[(1, "a", 0), (17, "b", 0)], []]
+    monkeypatch.setattr(warmup, "warm_up", lambda *a, **kw: ran.pop(0) if ran else [])
+    engine = SimpleNamespace(compilation_config=SimpleNamespace(max_cudagraph_capture_size=512),
+                             scheduler_config=SimpleNamespace(max_num_batched_tokens=3000))  # fmt: skip
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: engine)
+    monkeypatch.delenv(warmup.ENV_WARMUP, raising=False)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    linear_method.logger.addHandler(handler)
+    level = linear_method.logger.level
+    linear_method.logger.setLevel(logging.INFO)  # as in an engine, where vLLM configures its loggers
+    try:
+        _loaded_column(torch.bfloat16)  # with its bias: two calls, 2 + 0 variants
+        _loaded_column(torch.bfloat16)  # its kind is warm: 0 variants
+    finally:
+        linear_method.logger.removeHandler(handler)
+        linear_method.logger.setLevel(level)
+        from ternop.cuda import configs
+
+        configs.set_graph_max_m(None)
+    lines = [r.getMessage() for r in records if "warmed" in r.getMessage()]
+    assert len(lines) == 1 and "2 kernel variants" in lines[0] and "M <= 3000" in lines[0], lines
