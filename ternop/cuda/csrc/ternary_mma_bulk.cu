@@ -1,0 +1,309 @@
+// Small-M ternary linear on Hopper, fed by bulk copies: out[m, n] = sum_k x[m, k] * W[n, k]
+// (+ bias[n]), 1 <= M <= 16, x fp16 or bf16, weights in the "a16" layout (ternop/layouts.py).
+// sm_90a builds only (the bulk copies and mbarriers of ternary_wgmma.cuh); elsewhere it traps and
+// the registry never launches it.
+//
+// Why. ternary_mma.cu loads each warp's codes into registers, two or four scale blocks ahead.
+// Profiled at M = 1 on 4096 -> 14336 it reaches 28% of HBM bandwidth, issuing on 43% of cycles:
+// its warps wait on their loads, and registers cap how many bytes a warp can have in flight
+// (docs/KERNELS.md, "The small-M kernels profiled"). Here the tensor-memory-access unit copies a
+// CTA's whole share of the codes into shared memory before any arithmetic, so shared memory, not
+// registers, bounds the bytes in flight: 16 * K / 4 bytes a CTA (16 KiB at K = 4096), several
+// CTAs an SM.
+//
+// Work. A CTA owns one set of 16 weight rows and all of K. Its W warps split the scale blocks
+// (warp w a contiguous range, as in ternary_mma.cu); each warp cuts its range into at most
+// kBulkMaxChunks chunks of an even number of blocks, each with its own mbarrier, and its lanes
+// issue one bulk copy per (row, chunk). A row's codes are contiguous in [N, K/4], so a copy is
+// 32 bytes a block. The warp then waits on its chunks in order and multiplies each as it lands.
+// The scales of the set (16 x K/128 fp16) are read into shared memory by plain loads, issued
+// after the copies so that they overlap them. Warps 1..W-1 leave their sums in shared memory and
+// warp 0 adds them in a fixed order (sum_set_warps), adds the bias and writes out.
+//
+// Shared memory. Row r's codes sit at r * stride, stride = K / 4 rounded to an odd multiple of 32
+// bytes: the eight rows g = 0..7 that one 8-byte load of a warp touches (32 bytes each) then fall
+// in two 128-byte bank lines, the fewest a 256-byte load can take.
+//
+// Orientation and k order: those of ternary_mma.cu on the a16 layout. Lane (g = lane / 4,
+// q = lane % 4) owns, for rows g and g + 8, the codes [32q, 32q + 32) of each block (two words h
+// of 16 codes); mma step 4h + s takes the pairs (codes 4s, 4s + 1) and (4s + 2, 4s + 3) of word
+// h, and B is the matching two registers of x as loaded.
+//
+// Decode, in two instructions a pair. The a16 layout holds u = v + 1 of codes (2j, 2j + 1) in the
+// fields j and j + 8 of a word, 16 bits apart. A field at bit 2j of a half that lies inside the
+// mantissa, ORed into the magic 2^10 (fp16) or 2^7 (bf16) whose ulp is 1, reads 2^10 + u * 4^j.
+// One packed FMA, times 4^-j plus -(2^10 * 4^-j + 1), gives u - 1 = v: the product is exact (a
+// power of two), and the sum is exact too, so its single rounding changes nothing. fp16's 10-bit
+// mantissa takes j = 0..3 from the word and j = 4..7 from the word shifted right by 8; bf16's
+// 7-bit one takes three fields per shift (by 0, 6 and 12). Bits that a shift moves from the high
+// half into the low one land above the masked field. That is LOP3 + HFMA2 per pair and one or two
+// shifts a word, against a shift, a LOP3 and an HSUB2 per pair in ternary_mma.cu.
+//
+// Scales and sums as in ternary_mma.cu: 8 mma steps give a block's fp32 partial per row, times
+// its fp16 scale in fp32, added to the accumulator. Rows past N are not copied: their codes are
+// whatever shared memory held (any 2-bit field decodes to a finite value), their scales are zero,
+// and their outputs are never written. Tokens past M read token 0.
+
+#include <type_traits>
+
+#include "ternary_a16.cuh"
+#include "ternary_wgmma.cuh"
+
+namespace ternop {
+
+namespace {
+
+constexpr int kBulkMaxWarps = 8;
+constexpr int kBulkMaxChunks = 4;        // mbarriers per warp
+constexpr int kBulkMinChunkBlocks = 4;   // at least 128 bytes a row per copy
+constexpr int kBulkHeader = 512;         // bytes before the scales: kBulkMaxWarps * kBulkMaxChunks mbarriers
+constexpr int kBulkMaxSmem = 227 * 1024;  // dynamic shared memory an sm_90 CTA may take
+
+__host__ __device__ inline int div_up(int a, int b) { return (a + b - 1) / b; }
+
+// Where a CTA's scales and codes sit in dynamic shared memory, for a given K.
+struct BulkLayout {
+  int blocks;      // K / 128
+  int stride;      // bytes from one row's codes to the next
+  int scales_off;  // 16 x blocks fp16 scales
+  int codes_off;   // 16 rows x stride
+  int bytes;       // the CTA's dynamic shared memory
+};
+
+__host__ __device__ inline BulkLayout bulk_layout(int K) {
+  const int blocks = K / 128, row = K / 4;
+  const int stride = row + ((row / 32) % 2 == 0 ? 32 : 0);
+  const int codes_off = kBulkHeader + div_up(16 * blocks * 2, 128) * 128;
+  return {blocks, stride, kBulkHeader, codes_off, codes_off + 16 * stride};
+}
+
+// The decode's constants per x dtype: fields per shift, the magic pair, and for field position j
+// the pair 4^-j and -(magic * 4^-j + 1) (bit patterns).
+template <typename T>
+struct FmaDecode;
+
+template <>
+struct FmaDecode<__half> {
+  static constexpr int kSpan = 4;
+  static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024)
+  __device__ static constexpr uint32_t mul(int j) {
+    return j == 0 ? 0x3C003C00u : j == 1 ? 0x34003400u : j == 2 ? 0x2C002C00u : 0x24002400u;  // 1, 1/4, 1/16, 1/64
+  }
+  __device__ static constexpr uint32_t add(int j) {
+    return j == 0 ? 0xE401E401u : j == 1 ? 0xDC04DC04u : j == 2 ? 0xD410D410u : 0xCC40CC40u;  // -1025, -257, -65, -17
+  }
+};
+
+template <>
+struct FmaDecode<__nv_bfloat16> {
+  static constexpr int kSpan = 3;
+  static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128)
+  __device__ static constexpr uint32_t mul(int j) {
+    return j == 0 ? 0x3F803F80u : j == 1 ? 0x3E803E80u : 0x3D803D80u;  // 1, 1/4, 1/16
+  }
+  __device__ static constexpr uint32_t add(int j) {
+    return j == 0 ? 0xC301C301u : j == 1 ? 0xC204C204u : 0xC110C110u;  // -129, -33, -9
+  }
+};
+
+// v of codes (2J, 2J + 1) of the a16 word w, as a pair of T (see the file comment).
+template <typename T, int J>
+__device__ __forceinline__ uint32_t decode_fma(uint32_t w, uint32_t magic) {
+  using D = FmaDecode<T>;
+  constexpr int j = J % D::kSpan, shift = 2 * D::kSpan * (J / D::kSpan);
+  uint32_t r;
+  // 0xEA = (a & b) | c: one LOP3 with the magic in a register.
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w >> shift), "n"(0x00030003u << (2 * j)), "r"(magic));
+  using P = typename Pair16<T>::Pair;
+  const uint32_t m = D::mul(j), a = D::add(j);
+  P d = __hfma2(*reinterpret_cast<const P*>(&r), *reinterpret_cast<const P*>(&m), *reinterpret_cast<const P*>(&a));
+  return *reinterpret_cast<uint32_t*>(&d);
+}
+
+// mma step 4H + S of a block: rows g (word wg) and g + 8 (wg8), both token tiles.
+template <typename T, int NT, int H, int S>
+__device__ __forceinline__ void bulk_step(uint32_t wg, uint32_t wg8, const uint32_t (&xv)[NT][16], uint32_t magic,
+                                          float (&c)[NT][4]) {
+  const uint32_t a[4] = {decode_fma<T, 2 * S>(wg, magic), decode_fma<T, 2 * S>(wg8, magic),
+                         decode_fma<T, 2 * S + 1>(wg, magic), decode_fma<T, 2 * S + 1>(wg8, magic)};
+#pragma unroll
+  for (int t = 0; t < NT; ++t) mma_16816<T>(c[t], a, xv[t][8 * H + 2 * S], xv[t][8 * H + 2 * S + 1]);
+}
+
+template <typename T, int NT, int H>
+__device__ __forceinline__ void bulk_word(uint32_t wg, uint32_t wg8, const uint32_t (&xv)[NT][16], uint32_t magic,
+                                          float (&c)[NT][4]) {
+  bulk_step<T, NT, H, 0>(wg, wg8, xv, magic, c);
+  bulk_step<T, NT, H, 1>(wg, wg8, xv, magic, c);
+  bulk_step<T, NT, H, 2>(wg, wg8, xv, magic, c);
+  bulk_step<T, NT, H, 3>(wg, wg8, xv, magic, c);
+}
+
+// Block b of this warp's range: codes and scales from shared memory, x in xv; acc += its sums.
+template <typename T, int NT>
+__device__ __forceinline__ void bulk_block(const uint8_t* cg, const uint8_t* cg8, const __half* sg, const __half* sg8,
+                                           int b, const uint32_t (&xv)[NT][16], uint32_t magic, float (&acc)[NT][4]) {
+  const uint2 wa = *reinterpret_cast<const uint2*>(cg + 32 * b);
+  const uint2 wb = *reinterpret_cast<const uint2*>(cg8 + 32 * b);
+  float c[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
+  bulk_word<T, NT, 0>(wa.x, wb.x, xv, magic, c);
+  bulk_word<T, NT, 1>(wa.y, wb.y, xv, magic, c);
+  const float sa = __half2float(sg[b]), sb = __half2float(sg8[b]);
+  // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    acc[t][0] = fmaf(c[t][0], sa, acc[t][0]);
+    acc[t][1] = fmaf(c[t][1], sa, acc[t][1]);
+    acc[t][2] = fmaf(c[t][2], sb, acc[t][2]);
+    acc[t][3] = fmaf(c[t][3], sb, acc[t][3]);
+  }
+}
+
+template <typename T, int NT>
+__device__ __forceinline__ void load_x_tiles(const T* const (&px)[NT], int b, uint32_t (&xv)[NT][16]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * b, xv[t]);
+}
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kBulkMaxWarps * 32, 2) ternary_mma_bulk_kernel(
+    const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
+    const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+#if !TERNOP_HAS_WGMMA
+  __trap();  // not an sm_90a build: the registry never launches it
+#endif
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ float red[kBulkMaxWarps - 1][NT * 4][32];
+
+  const BulkLayout lay = bulk_layout(K);
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int n0 = blockIdx.x * 16, rows = min(16, N - n0);
+
+  // This warp's scale blocks, and its chunks of an even number of them.
+  const int per = div_up(lay.blocks, warps);
+  const int b_begin = min(warp * per, lay.blocks);
+  const int count = min(per, lay.blocks - b_begin);
+  const int chunk = (max(kBulkMinChunkBlocks, div_up(count, kBulkMaxChunks)) + 1) & ~1;
+  const int chunks = div_up(count, chunk);
+
+  const uint32_t bars = smem_addr(smem), mine = bars + 8 * (warp * kBulkMaxChunks);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < warps * kBulkMaxChunks; ++i) mbar_init(bars + 8 * i, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  uint8_t* codes = smem + lay.codes_off;
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  if (lane == 0) {
+    for (int c = 0; c < chunks; ++c) mbar_expect(mine + 8 * c, rows * 32 * min(chunk, count - c * chunk));
+  }
+  __syncwarp();
+  for (int i = lane; i < 16 * chunks; i += 32) {
+    const int r = i % 16, c = i / 16;
+    if (r < rows) {
+      const int b = b_begin + c * chunk;
+      bulk_load(smem_addr(codes + r * lay.stride + 32 * b), wp + (n0 + r) * row_bytes + 32 * b,
+                32 * min(chunk, count - c * chunk), mine + 8 * c);
+    }
+  }
+
+  __half* scales = reinterpret_cast<__half*>(smem + lay.scales_off);
+  const __half* ws_set = ws + static_cast<size_t>(n0) * lay.blocks;
+  for (int i = threadIdx.x; i < 16 * lay.blocks; i += blockDim.x) {
+    scales[i] = i < rows * lay.blocks ? ws_set[i] : __float2half(0.f);
+  }
+  __syncthreads();
+
+  const uint8_t* cg = codes + g * lay.stride + 32 * b_begin + 8 * q;
+  const uint8_t* cg8 = cg + 8 * lay.stride;
+  const __half* sg = scales + g * lay.blocks + b_begin;
+  const __half* sg8 = sg + 8 * lay.blocks;
+  const T* px[NT];  // token t * 8 + g, this lane's B column
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int m = t * 8 + g;
+    px[t] = x + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * q;
+  }
+  const uint32_t magic = FmaDecode<T>::kMagic;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
+
+  // x of the next block is loaded while this one is multiplied (two buffers, so no copies).
+  uint32_t xa[NT][16], xb[NT][16];
+  if (count > 0) load_x_tiles<T, NT>(px, 0, xa);
+  for (int c = 0; c < chunks; ++c) {
+    mbar_wait(mine + 8 * c, 0);
+    const int end = min(count, (c + 1) * chunk);
+    for (int b = c * chunk; b < end; b += 2) {  // chunks hold an even number of blocks: b is even
+      if (b + 1 < count) load_x_tiles<T, NT>(px, b + 1, xb);
+      bulk_block<T, NT>(cg, cg8, sg, sg8, b, xa, magic, acc);
+      if (b + 1 >= end) break;  // the last, odd block
+      if (b + 2 < count) load_x_tiles<T, NT>(px, b + 2, xa);
+      bulk_block<T, NT>(cg, cg8, sg, sg8, b + 1, xb, magic, acc);
+    }
+  }
+
+  if (!sum_set_warps<NT>(red, acc, 0, warp, warps, lane)) return;
+
+  // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = n0 + g + 8 * (r / 2);
+      const int m = t * 8 + 2 * q + (r & 1);
+      if (n < N && m < M) {
+        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(acc[t][r] + bv);
+      }
+    }
+}
+
+template <typename T, int NT>
+cudaError_t launch_bulk(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
+                        int K, int warps, cudaStream_t stream) {
+  auto kernel = ternary_mma_bulk_kernel<T, NT>;
+  const BulkLayout lay = bulk_layout(K);
+  // Past the 48 KiB a launch may take unasked; set on every launch (cheap, and per device).
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lay.bytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<div_up(N, 16), 32 * warps, lay.bytes, stream>>>(static_cast<const T*>(x), wp, ws,
+                                                            static_cast<const T*>(bias), static_cast<T*>(out), M, N,
+                                                            K);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// Whether the kernel takes K: one set's codes, scales and mbarriers fit a CTA's shared memory
+// (K up to 54400).
+bool ternary_mma_bulk_takes(int K) { return K >= 128 && K % 128 == 0 && bulk_layout(K).bytes <= kBulkMaxSmem; }
+
+// Warps per CTA when asked for none: four, or eight from 64 scale blocks (K = 8192) up, where
+// each warp would otherwise have 16 blocks or more to multiply.
+int ternary_mma_bulk_warps(int K) { return K / 128 >= 64 ? 8 : 4; }
+
+// x: [M, K] row-major, fp16 or bf16, 16-byte aligned; wp: uint8 [N, K/4] in the a16 layout,
+// 16-byte aligned; ws: fp16 [N, K/128]; bias: [N] in x's dtype or nullptr; out: [M, N].
+// 1 <= M <= 16, ternary_mma_bulk_takes(K); warps 1..8, or <= 0 for ternary_mma_bulk_warps(K).
+cudaError_t launch_ternary_mma_bulk(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
+                                    void* out, int M, int N, int K, int warps, cudaStream_t stream) {
+  if (!valid_shape(M, 16, N, K) || !ternary_mma_bulk_takes(K) || warps > kBulkMaxWarps) return cudaErrorInvalidValue;
+  const int w = warps > 0 ? warps : ternary_mma_bulk_warps(K);
+  return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
+    return M <= 8 ? launch_bulk<decltype(tag), 1>(x, wp, ws, bias, out, M, N, K, w, stream)
+                  : launch_bulk<decltype(tag), 2>(x, wp, ws, bias, out, M, N, K, w, stream);
+  });
+}
+
+}  // namespace ternop
