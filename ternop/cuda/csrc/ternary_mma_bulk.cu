@@ -44,6 +44,7 @@
 // whatever shared memory held (any 2-bit field decodes to a finite value), their scales are zero,
 // and their outputs are never written. Tokens past M read token 0.
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "ternary_a16.cuh"
@@ -54,9 +55,9 @@ namespace ternop {
 namespace {
 
 constexpr int kBulkMaxWarps = 8;
-constexpr int kBulkMaxChunks = 4;        // mbarriers per warp
+constexpr int kBulkMaxChunks = 8;        // mbarriers per warp
 constexpr int kBulkMinChunkBlocks = 4;   // at least 128 bytes a row per copy
-constexpr int kBulkHeader = 512;         // bytes before the scales: kBulkMaxWarps * kBulkMaxChunks mbarriers
+constexpr int kBulkHeader = 1024;        // bytes before the scales: kBulkMaxWarps * kBulkMaxChunks mbarriers
 constexpr int kBulkMaxSmem = 227 * 1024;  // dynamic shared memory an sm_90 CTA may take
 
 __host__ __device__ inline int div_up(int a, int b) { return (a + b - 1) / b; }
@@ -75,49 +76,6 @@ __host__ __device__ inline BulkLayout bulk_layout(int K) {
   const int stride = row + ((row / 32) % 2 == 0 ? 32 : 0);
   const int codes_off = kBulkHeader + div_up(16 * blocks * 2, 128) * 128;
   return {blocks, stride, kBulkHeader, codes_off, codes_off + 16 * stride};
-}
-
-// The decode's constants per x dtype: fields per shift, the magic pair, and for field position j
-// the pair 4^-j and -(magic * 4^-j + 1) (bit patterns).
-template <typename T>
-struct FmaDecode;
-
-template <>
-struct FmaDecode<__half> {
-  static constexpr int kSpan = 4;
-  static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024)
-  __device__ static constexpr uint32_t mul(int j) {
-    return j == 0 ? 0x3C003C00u : j == 1 ? 0x34003400u : j == 2 ? 0x2C002C00u : 0x24002400u;  // 1, 1/4, 1/16, 1/64
-  }
-  __device__ static constexpr uint32_t add(int j) {
-    return j == 0 ? 0xE401E401u : j == 1 ? 0xDC04DC04u : j == 2 ? 0xD410D410u : 0xCC40CC40u;  // -1025, -257, -65, -17
-  }
-};
-
-template <>
-struct FmaDecode<__nv_bfloat16> {
-  static constexpr int kSpan = 3;
-  static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128)
-  __device__ static constexpr uint32_t mul(int j) {
-    return j == 0 ? 0x3F803F80u : j == 1 ? 0x3E803E80u : 0x3D803D80u;  // 1, 1/4, 1/16
-  }
-  __device__ static constexpr uint32_t add(int j) {
-    return j == 0 ? 0xC301C301u : j == 1 ? 0xC204C204u : 0xC110C110u;  // -129, -33, -9
-  }
-};
-
-// v of codes (2J, 2J + 1) of the a16 word w, as a pair of T (see the file comment).
-template <typename T, int J>
-__device__ __forceinline__ uint32_t decode_fma(uint32_t w, uint32_t magic) {
-  using D = FmaDecode<T>;
-  constexpr int j = J % D::kSpan, shift = 2 * D::kSpan * (J / D::kSpan);
-  uint32_t r;
-  // 0xEA = (a & b) | c: one LOP3 with the magic in a register.
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w >> shift), "n"(0x00030003u << (2 * j)), "r"(magic));
-  using P = typename Pair16<T>::Pair;
-  const uint32_t m = D::mul(j), a = D::add(j);
-  P d = __hfma2(*reinterpret_cast<const P*>(&r), *reinterpret_cast<const P*>(&m), *reinterpret_cast<const P*>(&a));
-  return *reinterpret_cast<uint32_t*>(&d);
 }
 
 // mma step 4H + S of a block: rows g (word wg) and g + 8 (wg8), both token tiles.
@@ -169,10 +127,10 @@ __device__ __forceinline__ void load_x_tiles(const T* const (&px)[NT], int b, ui
   for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * b, xv[t]);
 }
 
-template <typename T, int NT>
+template <typename T, int NT, bool kWhole>
 __global__ void __launch_bounds__(kBulkMaxWarps * 32, 2) ternary_mma_bulk_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
-    const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+    const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int max_chunks, int min_chunk) {
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
@@ -188,37 +146,55 @@ __global__ void __launch_bounds__(kBulkMaxWarps * 32, 2) ternary_mma_bulk_kernel
   const int per = div_up(lay.blocks, warps);
   const int b_begin = min(warp * per, lay.blocks);
   const int count = min(per, lay.blocks - b_begin);
-  const int chunk = (max(kBulkMinChunkBlocks, div_up(count, kBulkMaxChunks)) + 1) & ~1;
+  const int chunk = kWhole ? (max(count, 1) + 1) & ~1 : (max(min_chunk, div_up(count, max_chunks)) + 1) & ~1;
   const int chunks = div_up(count, chunk);
 
-  const uint32_t bars = smem_addr(smem), mine = bars + 8 * (warp * kBulkMaxChunks);
+  const uint32_t bars = smem_addr(smem), mine = kWhole ? bars : bars + 8 * (warp * kBulkMaxChunks);
+  const uint32_t bar_s = bars + 8 * (kBulkMaxWarps * kBulkMaxChunks);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < warps * kBulkMaxChunks; ++i) mbar_init(bars + 8 * i, 1);
+    for (int i = 0; i <= kBulkMaxWarps * kBulkMaxChunks; ++i) mbar_init(bars + 8 * i, 1);
     mbar_init_fence();
   }
   __syncthreads();
 
   uint8_t* codes = smem + lay.codes_off;
-  const size_t row_bytes = static_cast<size_t>(K) / 4;
-  if (lane == 0) {
-    for (int c = 0; c < chunks; ++c) mbar_expect(mine + 8 * c, rows * 32 * min(chunk, count - c * chunk));
-  }
-  __syncwarp();
-  for (int i = lane; i < 16 * chunks; i += 32) {
-    const int r = i % 16, c = i / 16;
-    if (r < rows) {
-      const int b = b_begin + c * chunk;
-      bulk_load(smem_addr(codes + r * lay.stride + 32 * b), wp + (n0 + r) * row_bytes + 32 * b,
-                32 * min(chunk, count - c * chunk), mine + 8 * c);
-    }
-  }
-
   __half* scales = reinterpret_cast<__half*>(smem + lay.scales_off);
   const __half* ws_set = ws + static_cast<size_t>(n0) * lay.blocks;
-  for (int i = threadIdx.x; i < 16 * lay.blocks; i += blockDim.x) {
-    scales[i] = i < rows * lay.blocks ? ws_set[i] : __float2half(0.f);
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  if constexpr (kWhole) {
+    if (warp == 0) {
+      if (lane == 0) {
+        mbar_expect(bars, rows * static_cast<uint32_t>(row_bytes));
+        if (rows == 16) mbar_expect(bar_s, 16 * lay.blocks * 2);
+      }
+      __syncwarp();
+      if (lane < rows) bulk_load(smem_addr(codes + lane * lay.stride), wp + (n0 + lane) * row_bytes, row_bytes, bars);
+      if (lane == 16 && rows == 16) bulk_load(smem_addr(scales), ws_set, 16 * lay.blocks * 2, bar_s);
+    }
+  } else {
+    if (lane == 0) {
+      for (int c = 0; c < chunks; ++c) mbar_expect(mine + 8 * c, rows * 32 * min(chunk, count - c * chunk));
+      if (warp == 0 && rows == 16) mbar_expect(bar_s, 16 * lay.blocks * 2);
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * chunks; i += 32) {
+      const int r = i % 16, c = i / 16;
+      if (r < rows) {
+        const int b = b_begin + c * chunk;
+        bulk_load(smem_addr(codes + r * lay.stride + 32 * b), wp + (n0 + r) * row_bytes + 32 * b,
+                  32 * min(chunk, count - c * chunk), mine + 8 * c);
+      }
+    }
+    if (warp == 0 && lane == 16 && rows == 16) bulk_load(smem_addr(scales), ws_set, 16 * lay.blocks * 2, bar_s);
+  }
+
+  if (rows < 16) {
+    for (int i = threadIdx.x; i < 16 * lay.blocks; i += blockDim.x) {
+      scales[i] = i < rows * lay.blocks ? ws_set[i] : __float2half(0.f);
+    }
   }
   __syncthreads();
+  if (rows == 16) mbar_wait(bar_s, 0);
 
   const uint8_t* cg = codes + g * lay.stride + 32 * b_begin + 8 * q;
   const uint8_t* cg8 = cg + 8 * lay.stride;
@@ -272,14 +248,17 @@ __global__ void __launch_bounds__(kBulkMaxWarps * 32, 2) ternary_mma_bulk_kernel
 template <typename T, int NT>
 cudaError_t launch_bulk(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
                         int K, int warps, cudaStream_t stream) {
-  auto kernel = ternary_mma_bulk_kernel<T, NT>;
+  static const bool whole = getenv("TERNOP_BULK_WHOLE") != nullptr;  // EXPERIMENT
+  static const int mc = getenv("TERNOP_BULK_MAXCHUNKS") ? atoi(getenv("TERNOP_BULK_MAXCHUNKS")) : 4;
+  static const int mn = getenv("TERNOP_BULK_MINCHUNK") ? atoi(getenv("TERNOP_BULK_MINCHUNK")) : 4;
+  auto kernel = whole ? ternary_mma_bulk_kernel<T, NT, true> : ternary_mma_bulk_kernel<T, NT, false>;
   const BulkLayout lay = bulk_layout(K);
   // Past the 48 KiB a launch may take unasked; set on every launch (cheap, and per device).
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lay.bytes);
   if (err != cudaSuccess) return err;
   kernel<<<div_up(N, 16), 32 * warps, lay.bytes, stream>>>(static_cast<const T*>(x), wp, ws,
                                                             static_cast<const T*>(bias), static_cast<T*>(out), M, N,
-                                                            K);
+                                                            K, mc, mn);
   return cudaGetLastError();
 }
 
