@@ -41,10 +41,9 @@
 // in a fixed order (deterministic), adds the bias and writes out once. No atomics, no
 // workspace.
 
-#include <cstdlib>
 #include <type_traits>
 
-#include "ternary_a16.cuh"
+#include "ternary_common.cuh"
 
 namespace ternop {
 
@@ -137,24 +136,30 @@ __device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
   return sub2<T>(r, kA16 ? Mma<T>::kBiasA16 : Mma<T>::kBias);
 }
 
+// The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
+template <typename T>
+__device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = __ldg(q + i);
+    xv[4 * i] = v.x;
+    xv[4 * i + 1] = v.y;
+    xv[4 * i + 2] = v.z;
+    xv[4 * i + 3] = v.w;
+  }
+}
+
 // mma step 4H + S of a block (e = 2S): A from codes (e, e + 8) and (e + 1, e + 9) of word H
 // (v1; a16: codes (4S, 4S + 1) and (4S + 2, 4S + 3)) of rows g (d_g: plus2 of that word for
 // v1, the word itself for a16) and g + 8 (d_g8); B from the same k of x.
-template <typename T, int NT, int H, int S, bool kA16, bool kFma>
+template <typename T, int NT, int H, int S, bool kA16>
 __device__ __forceinline__ void mma_step(uint32_t d_g, uint32_t d_g8, const uint32_t (&xv)[NT][16], uint32_t magic,
                                          float (&c)[NT][4]) {
-  uint32_t a0, a1, a2, a3;
-  if constexpr (kFma) {
-    a0 = decode_fma<T, 2 * S>(d_g, magic);
-    a1 = decode_fma<T, 2 * S>(d_g8, magic);
-    a2 = decode_fma<T, 2 * S + 1>(d_g, magic);
-    a3 = decode_fma<T, 2 * S + 1>(d_g8, magic);
-  } else {
-  a0 = pair<T, 2 * S, kA16>(d_g, magic);       // row g,     slots 2q, 2q+1
-  a1 = pair<T, 2 * S, kA16>(d_g8, magic);      // row g + 8, slots 2q, 2q+1
-  a2 = pair<T, 2 * S + 1, kA16>(d_g, magic);   // row g,     slots 2q+8, 2q+9
-  a3 = pair<T, 2 * S + 1, kA16>(d_g8, magic);  // row g + 8, slots 2q+8, 2q+9
-  }
+  const uint32_t a0 = pair<T, 2 * S, kA16>(d_g, magic);       // row g,     slots 2q, 2q+1
+  const uint32_t a1 = pair<T, 2 * S, kA16>(d_g8, magic);      // row g + 8, slots 2q, 2q+1
+  const uint32_t a2 = pair<T, 2 * S + 1, kA16>(d_g, magic);   // row g,     slots 2q+8, 2q+9
+  const uint32_t a3 = pair<T, 2 * S + 1, kA16>(d_g8, magic);  // row g + 8, slots 2q+8, 2q+9
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     uint32_t b0, b1;
@@ -175,17 +180,17 @@ __device__ __forceinline__ void mma_step(uint32_t d_g, uint32_t d_g8, const uint
 
 // Word H (0 or 1) of a block: mma steps 4H..4H+3. w_g and w_g8 are that word of rows g
 // and g + 8.
-template <typename T, int NT, int H, bool kA16, bool kFma>
+template <typename T, int NT, int H, bool kA16>
 __device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint32_t (&xv)[NT][16], uint32_t magic,
                                          float (&c)[NT][4]) {
   const uint32_t d_g = kA16 ? w_g : plus2(w_g), d_g8 = kA16 ? w_g8 : plus2(w_g8);
-  mma_step<T, NT, H, 0, kA16, kFma>(d_g, d_g8, xv, magic, c);
-  mma_step<T, NT, H, 1, kA16, kFma>(d_g, d_g8, xv, magic, c);
-  mma_step<T, NT, H, 2, kA16, kFma>(d_g, d_g8, xv, magic, c);
-  mma_step<T, NT, H, 3, kA16, kFma>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 0, kA16>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 1, kA16>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 2, kA16>(d_g, d_g8, xv, magic, c);
+  mma_step<T, NT, H, 3, kA16>(d_g, d_g8, xv, magic, c);
 }
 
-template <typename T, int NT, bool kA16, int D, bool kFma = false>
+template <typename T, int NT, bool kA16, int D>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int warps_log2) {
@@ -216,7 +221,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     const int m = t * 8 + g;
     px[t] = x + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * q;
   }
-  const uint32_t magic = kFma ? FmaDecode<T>::kMagic : Mma<T>::kMagic;
+  const uint32_t magic = Mma<T>::kMagic;
 
   float acc[NT][4];
 #pragma unroll
@@ -260,8 +265,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
       for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
-      mma_word<T, NT, 0, kA16, kFma>(wa.x, wb.x, xv, magic, c);
-      mma_word<T, NT, 1, kA16, kFma>(wa.y, wb.y, xv, magic, c);
+      mma_word<T, NT, 0, kA16>(wa.x, wb.x, xv, magic, c);
+      mma_word<T, NT, 1, kA16>(wa.y, wb.y, xv, magic, c);
       // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -305,14 +310,6 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
   const dim3 block(32 * split.groups * split.warps_k);
   const int wl = split.warps_log2;
-  static const bool fma = getenv("TERNOP_MMA_FMA") != nullptr;  // EXPERIMENT
-  if constexpr (kA16) {
-    if (fma && !deep) {
-      if (M <= 8) ternary_mma_kernel<T, 1, true, kDepth, true><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
-      else ternary_mma_kernel<T, 2, true, kDepth, true><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
-      return cudaGetLastError();
-    }
-  }
   if (deep) {
     if constexpr (!kA16) {
       return cudaErrorInvalidValue;  // no v1 kernel at kDeepDepth; ternary_mma_takes_depth refuses it first
