@@ -10,6 +10,10 @@
 //   stream: every thread of a plain grid reads 16-byte vectors in order (what a copy reaches).
 //   rows-kS: rows with one set a CTA, S CTAs sharing each set's K (split-K: the kernel would
 //           then add S int32 partials, exact in any order with row scales).
+//   bulk:   one set a CTA of four warps; each warp has the tensor-memory-access unit copy its range
+//           of blocks of the 16 rows into shared memory (cp.async.bulk, `depth` chunks a warp, one
+//           mbarrier each), then reads them as the small-M kernels' lanes do (8 bytes of rows g and
+//           g + 8 a block): the feed of the bulk-copy kernel of aaef170, without its arithmetic.
 //
 // Each kernel XORs what it read into one word per warp, so nothing is optimised away. Weights
 // rotate over copies that together pass 200 MB (four times the L2).
@@ -18,8 +22,12 @@
 #include <cstdio>
 #include <cstdint>
 #include <algorithm>
+#include <cstring>
 
 #include <cuda_runtime.h>
+
+#include "../ternop/cuda/csrc/ternary_a16.cuh"    // smem_addr
+#include "../ternop/cuda/csrc/ternary_wgmma.cuh"  // mbarriers and bulk copies (sm_90a)
 
 #define CHECK(call)                                                                          \
   do {                                                                                       \
@@ -180,6 +188,54 @@ __global__ void __launch_bounds__(kWarps * 32, 4) persistent_kernel(const uint8_
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// See "bulk" above. Shared memory: the mbarriers, then 16 rows `stride` bytes apart (an odd multiple
+// of 32, as the kernel had them).
+constexpr int kBulkHeader = 512;
+
+// `bytes` (a multiple of 16) from global `src` to shared `dst`, counted by `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__host__ __device__ inline int bulk_stride(int K) { return K / 4 + ((K / 128) % 2 == 0 ? 32 : 0); }
+
+__global__ void __launch_bounds__(kWarps * 32) bulk_kernel(const uint8_t* __restrict__ w, int N, int K, int chunks,
+                                                           uint32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int blocks = K / 128, n0 = blockIdx.x * 16, rows = min(16, N - n0), stride = bulk_stride(K);
+  const int per = (blocks + warps - 1) / warps, b0 = min(warp * per, blocks), count = min(per, blocks - b0);
+  const int chunk = (count + chunks - 1) / chunks, nch = chunk > 0 ? (count + chunk - 1) / chunk : 0;
+  const uint32_t bars = ternop::smem_addr(smem), mine = bars + 8 * chunks * warp;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < warps * chunks; ++i) ternop::mbar_init(bars + 8 * i, 1);
+    ternop::mbar_init_fence();
+  }
+  __syncthreads();
+  uint8_t* codes = smem + kBulkHeader;
+  const size_t row_bytes = static_cast<size_t>(K) / 4;
+  if (lane == 0)
+    for (int c = 0; c < nch; ++c) ternop::mbar_expect(mine + 8 * c, rows * 32 * min(chunk, count - c * chunk));
+  __syncwarp();
+  for (int i = lane; i < 16 * nch; i += 32) {
+    const int r = i % 16, c = i / 16, b = b0 + c * chunk;
+    if (r < rows)
+      bulk_load(ternop::smem_addr(codes + r * stride + 32 * b), w + (n0 + r) * row_bytes + 32 * b,
+                        32 * min(chunk, count - c * chunk), mine + 8 * c);
+  }
+  uint32_t acc = 0;
+  for (int c = 0; c < nch; ++c) {
+    ternop::mbar_wait(mine + 8 * c, 0);
+    for (int b = b0 + c * chunk; b < b0 + min(count, (c + 1) * chunk); ++b) {
+      const uint2 a = *reinterpret_cast<const uint2*>(codes + g * stride + 32 * b + 8 * q);
+      const uint2 e = *reinterpret_cast<const uint2*>(codes + (g + 8) * stride + 32 * b + 8 * q);
+      acc ^= a.x ^ a.y ^ e.x ^ e.y;
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 // U 16-byte loads in flight a thread.
 template <int U>
 __global__ void stream_kernel(const uint4* __restrict__ w, size_t vecs, uint32_t* sink) {
@@ -212,9 +268,10 @@ static void split(int N, int K, int sms, int force, int* groups, int* warps_log2
   *warps_log2 = l;
 }
 
-enum Kind { kRows, kTiles, kStream, kPersistent };
-const char* const kNames[] = {"rows", "tiles", "stream", "persist"};
-// depth: blocks in flight a warp (rows, tiles) or 16-byte loads in flight a thread (stream);
+enum Kind { kRows, kTiles, kStream, kPersistent, kBulk };
+const char* const kNames[] = {"rows", "tiles", "stream", "persist", "bulk"};
+// depth: blocks in flight a warp (rows, tiles), 16-byte loads in flight a thread (stream) or
+// bulk copies a warp a row (bulk, whose CTAs are one set of `threads`);
 // sets: sets of 16 rows a CTA, 0 for small_m_split's rule; stream: CTAs an SM and threads a CTA.
 // ksplit: CTAs that share a set's K (rows only), each reading 1 / ksplit of it.
 struct Config {
@@ -235,10 +292,13 @@ const Config configs[] = {
     {kTiles, 4, 0, 0, 0, kRotated}, {kTiles, 4, 0, 0, 0, kInterleaved},
     {kRows, 4, 1, 0, 0, kInOrder, 2}, {kRows, 4, 1, 0, 0, kInOrder, 4}, {kRows, 2, 1, 0, 0, kInOrder, 4},
     {kRows, 8, 1, 0, 0, kInOrder, 2},
+    {kBulk, 1, 1, 0, 128}, {kBulk, 2, 1, 0, 128}, {kBulk, 4, 1, 0, 128}, {kBulk, 1, 1, 0, 256},
 };
 const char* const kOrderNames[] = {"", "-rot", "-il"};
 
-int main() {
+// With an argument, only the patterns it names (comma-separated, e.g. "rows,bulk,stream").
+int main(int argc, char** argv) {
+  const char* only = argc > 1 ? argv[1] : nullptr;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int shapes[][2] = {{4096, 4096}, {4096, 6144}, {4096, 14336}, {4096, 28672}, {14336, 4096},
@@ -263,10 +323,17 @@ int main() {
     for (const Config& c : configs) {
       int groups = 0, warps_log2 = 0;
       split(N, K, sms, c.sets, &groups, &warps_log2);
-      const int threads = c.kind == kStream ? c.threads : groups * (1 << warps_log2) * 32;
+      if (only != nullptr && std::strstr(only, kNames[c.kind]) == nullptr) continue;
+      const bool own_threads = c.kind == kStream || c.kind == kBulk;
+      const int threads = own_threads ? c.threads : groups * (1 << warps_log2) * 32;
       int ctas = c.kind == kStream ? c.ctas_per_sm * sms : (N + 16 * groups - 1) / (16 * groups);
       if (c.kind == kPersistent) ctas = std::min(ctas, c.ctas_per_sm * sms);
-      if (c.kind != kStream && threads != kWarps * 32) continue;  // the kernels' 8 warps only
+      if (!own_threads && threads != kWarps * 32) continue;  // the kernels' 8 warps only
+      const int bulk_smem = kBulkHeader + 16 * bulk_stride(K);
+      if (c.kind == kBulk) {
+        if (bulk_smem > 227 * 1024) continue;
+        CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bulk_smem));
+      }
       auto launch = [&](int i) {
         const uint8_t* wi = w + bytes * (i % copies);
         const uint4* wv = reinterpret_cast<const uint4*>(wi);
@@ -278,6 +345,7 @@ int main() {
         if (c.kind == kPersistent && c.depth == 8) persistent_kernel<8><<<ctas, threads, 0, stream>>>(wi, N, K, warps_log2, sink);
         if (c.kind == kStream && c.depth == 1) stream_kernel<1><<<ctas, threads, 0, stream>>>(wv, bytes / 16, sink);
         if (c.kind == kStream && c.depth == 4) stream_kernel<4><<<ctas, threads, 0, stream>>>(wv, bytes / 16, sink);
+        if (c.kind == kBulk) bulk_kernel<<<ctas, threads, bulk_smem, stream>>>(wi, N, K, c.depth, sink);
       };
       // One CUDA graph of `reps` launches, so launch gaps do not count (as in a captured model).
       cudaGraph_t graph;
