@@ -1,6 +1,6 @@
 """Times every tile of the mid-M and Hopper CUDA kernels against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8|mma_a8_fused|mma_bulk] [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8|mma_a8_fused] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -24,10 +24,6 @@ rows per CTA (``tile:<i>`` is 2^i sets; ``small_m_split`` in ``ternary_common.cu
 times the form that quantizes x inside the kernel (``--ms`` 1 2 only). With ``--depths 2 4`` they
 are also timed with four scale blocks of weight loads in flight a warp instead of two
 (``tile:<i>:d4``, ``tile:auto:d4``; the result is the same bits at either depth).
-
-``--kernel mma_bulk`` times the Hopper small-M kernel fed by bulk copies (``ternary_mma_bulk.cu``, M <= 16)
-with 1, 2, 4 and 8 warps a CTA (``tile:<i>`` is 2^i warps; ``tile:auto`` its own choice), and beside it
-``cuda_mma``: ``linear_cuda_mma`` on the same a16 weights with its own choices, the kernel it would replace.
 """
 
 from __future__ import annotations
@@ -48,8 +44,6 @@ from bench_linear import DTYPE, _report, _shape_list, copies_for, families, make
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 SMALL_MS = [1, 4, 8, 12, 16]
-# The bulk-copy kernel's (warps, sets a CTA, ring slots) per tile; -1 is the kernel's choice.
-BULK_CONFIGS = [(4, 1, 1), (-1, 2, 2), (-1, 4, 2), (-1, 8, 2), (-1, 4, 3), (-1, 8, 4), (8, 4, 2), (2, 4, 2), (-1, 16, 4)]
 # kernel -> (op name, number of tiles, weight layout, one scale per row)
 KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
@@ -59,7 +53,6 @@ KERNELS = {
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA
     "mma_a8": ("linear_cuda_mma_a8", 4, "a8", False),
     "mma_a8_fused": ("linear_cuda_mma_a8_fused", 4, "a8", False),  # M <= 2: quantizes x itself
-    "mma_bulk": ("linear_cuda_mma_bulk", 9, "a16", False),  # tile i: BULK_CONFIGS[i]
 }
 
 
@@ -68,14 +61,11 @@ def _caller(op, layout: str):
     scale blocks of weight loads in flight a warp); the W2A8 one times the per-token quantization of x
     with it, as the op pays it."""
     fused = op is torch.ops.ternop.linear_cuda_mma_a8_fused
-    bulk = op is torch.ops.ternop.linear_cuda_mma_bulk
-    small = fused or bulk or op in (torch.ops.ternop.linear_cuda_mma, torch.ops.ternop.linear_cuda_mma_a8)
+    small = fused or op in (torch.ops.ternop.linear_cuda_mma, torch.ops.ternop.linear_cuda_mma_a8)
 
-    def arg(tile):  # the small-M kernels take row_groups (the bulk kernel warps) = 2^tile
+    def arg(tile):  # the small-M kernels take row_groups = 2^tile
         return 1 << tile if small and tile >= 0 else tile
 
-    if bulk:
-        return lambda x, p, s, tile, depth: op(x, p, s, None, *(BULK_CONFIGS[tile] if tile >= 0 else ()))
     if fused:
         return lambda x, p, s, tile, depth: op(x, p, s, None, arg(tile), depth)
     if layout != "a8":
@@ -112,9 +102,6 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                 ref = F.linear(x, dense[0]).float()
                 row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
                 errs = {}
-                if kernel == "mma_bulk":
-                    mma = torch.ops.ternop.linear_cuda_mma
-                    row["cuda_mma"] = time_graph(lambda i: mma(x, *packed[i % len(packed)], None, True), len(packed))
                 runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
                 if kernel in ("mma", "mma_a8", "mma_a8_fused"):
                     runs += [(tile, d, f":d{d}") for d in depths if d != 2 for tile in (*range(tiles), -1)]
@@ -133,8 +120,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                     })
                 best = max((base_us / us, name) for name, us in row.items() if name.startswith("tile:"))
                 print(f"{family:5s} {k:6d}->{n:6d} M={m:4d} bf16 {base_us:8.2f} us  "
-                      + " ".join(f"{name.removeprefix('tile:')}:x{base_us / us:4.2f}" for name, us in row.items()
-                                 if name != "cublas_bf16")
+                      + " ".join(f"{name[5:]}:x{base_us / us:4.2f}" for name, us in row.items() if name != "cublas_bf16")
                       + f"  best {best[1][5:]} x{best[0]:4.2f}  max err {max(errs.values()):.2e}", flush=True)
             del base, packed, dense
             torch.cuda.empty_cache()

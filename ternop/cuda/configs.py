@@ -148,7 +148,6 @@ _BIG = 1 << 62
 # - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
 #   after the fused kernels and run for what those decline.
 SM90: Table = {
-    "cuda_mma_bulk": [(16, CudaMmaConfig())],
     "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
     "cuda_mma_a8": [(16, CudaMmaConfig())],
@@ -497,11 +496,6 @@ def wgmma_declines(m: int, n: int, k: int) -> str:
     if m <= WGMMA_MAX_M:
         return ""
     return f"M={m}: cuda_wgmma runs up to M = {WGMMA_MAX_M}; the dequantizing path is faster above"
-
-
-def mma_bulk_declines(m: int, n: int, k: int) -> str:
-    """Why cuda_mma_bulk (Hopper, M <= 16) leaves this (M, N, K) to cuda_mma, or "" where it is the faster one."""
-    return f"M={m}, N={n}, K={k}: cuda_mma_bulk is not measured yet; cuda_mma runs it"
 
 
 _CAPABILITY_CACHE: dict[int, tuple[int, int]] = {}

@@ -3,8 +3,6 @@
     ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
     ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
                             bool a16=False, int row_groups=-1, int depth=-1) -> Tensor
-    ternop::linear_cuda_mma_bulk(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-                                 int warps=-1, int sets=-1, int depth=-1) -> Tensor
     ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
                                Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor
     ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
@@ -35,8 +33,7 @@ the three small-M ops is -1 (the kernel picks from N, K and the multiprocessor c
 number of sets of 16 weight rows one CTA owns, 1, 2, 4 or 8 (for benchmarks). Their ``depth`` is
 -1 (the kernel's choice: 2) or the number of 128-wide scale blocks of weight loads each warp
 keeps in flight, 2 or 4; 4 in ``linear_cuda_mma`` only with ``a16`` weights (for benchmarks; the
-result is the same bits at either depth). ``warps`` of ``linear_cuda_mma_bulk`` (Hopper, sm_90a builds;
-a16 weights, M <= 16) is -1 (four, or eight from K = 8192) or the warps of its one-set CTAs, 1-8.
+result is the same bits at either depth).
 """
 
 from __future__ import annotations
@@ -48,10 +45,6 @@ _lib.define("linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Te
 _lib.define(
     "linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, bool a16=False, "
     "int row_groups=-1, int depth=-1) -> Tensor"
-)
-_lib.define(
-    "linear_cuda_mma_bulk(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, int warps=-1, "
-    "int sets=-1, int depth=-1) -> Tensor"
 )
 _lib.define(
     "linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
@@ -84,7 +77,7 @@ _lib.define(
 _lib.define("decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor")
 
 OPS = (
-    "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_bulk", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
+    "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
     "linear_cuda_mma_tiles", "linear_cuda_wgmma", "linear_cuda_wgmma_a8", "decode_int8_cuda",
 )
 
@@ -105,11 +98,6 @@ def _linear_cuda_fake(x, weight_packed, weight_scale, bias=None):
 
 @torch.library.register_fake("ternop::linear_cuda_mma", lib=_lib)
 def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False, row_groups=-1, depth=-1):
-    return _out(x, weight_packed, x.dtype)
-
-
-@torch.library.register_fake("ternop::linear_cuda_mma_bulk", lib=_lib)
-def _linear_cuda_mma_bulk_fake(x, weight_packed, weight_scale, bias=None, warps=-1, sets=-1, depth=-1):
     return _out(x, weight_packed, x.dtype)
 
 

@@ -33,7 +33,6 @@ SOURCES = (
     CSRC / "linear_cuda.cpp",
     CSRC / "ternary_gemv.cu",
     CSRC / "ternary_mma.cu",
-    CSRC / "ternary_mma_bulk.cu",
     CSRC / "ternary_mma_a8.cu",
     CSRC / "ternary_dequant.cu",
     CSRC / "ternary_mma_tiles.cu",

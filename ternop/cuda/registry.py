@@ -5,7 +5,6 @@ Order (lower priority first):
 | backend | what | activations | layouts |
 |---|---|---|---|
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
-| ``cuda_mma_bulk`` | CUDA C++ ``mma.sync`` fed by bulk copies into shared memory (sm_90a), M <= 16, where ``configs.mma_bulk_declines`` finds it faster | fp16/bf16 | a16 |
 | ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``) | fp16/bf16 | v1, a16 |
 | ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
@@ -32,7 +31,7 @@ Activations of 8 bits only ever run on ``cuda_mma_a8_fused``, ``cuda_mma_a8``, `
 ``cuda_dequant_a8``, ``cuda_wgmma_a8`` or ``triton_a8``, which compute the same thing: no backend
 falls back to another numeric path.
 
-Why it is long: one ``can_implement`` a backend, seventeen of them, each with the checks of its
+Why it is long: one ``can_implement`` a backend, sixteen of them, each with the checks of its
 own kernel (M range, layout, dtype, alignment, GPU, build); kept in one file so that the
 priority order above and the answers that follow it are read together.
 """
@@ -407,32 +406,6 @@ def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
     return _cuda_ext_ready(call, ("v1", "a16"))
 
 
-# The bulk-copy kernel holds one set's 16 rows of codes in a CTA's shared memory (ternary_mma_bulk.cu).
-CUDA_MMA_BULK_MAX_K = 54400
-
-
-def _can_cuda_mma_bulk(call: backends.LinearCall) -> tuple[bool, str]:
-    why = _half_x(call)
-    if why:
-        return False, why
-    if call.layout != "a16":
-        return False, f"layout {call.layout!r}: this backend reads a16 only"
-    if call.m > CUDA_MMA_MAX_M:
-        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
-    if call.k > CUDA_MMA_BULK_MAX_K:
-        return False, f"K={call.k} is above {CUDA_MMA_BULK_MAX_K}: 16 rows of its codes do not fit a CTA's shared memory"
-    why = _mma_bucket("cuda_mma_bulk", call, "mma.sync m16n8k16")
-    if not why and not _forced("cuda_mma_bulk"):
-        why = configs.mma_bulk_declines(call.m, call.n, call.k)
-    if why:
-        return False, why
-    ok, why = _cuda_ext_ready(call, ("a16",))
-    if not ok:
-        return ok, why
-    why = _hopper_wgmma(call, "cp.async.bulk")
-    return not why, why
-
-
 def _wgmma_takes_wide(call: backends.LinearCall) -> bool:
     """Whether cuda_wgmma, after cuda_mma in priority, takes this M = 9..16 call on a wide layer."""
     if _forced("cuda_mma") or not configs.WGMMA_WIDE_MIN_M <= call.m <= configs.WGMMA_WIDE_MAX_M:
@@ -503,11 +476,11 @@ def _can_cuda_wgmma(call: backends.LinearCall) -> tuple[bool, str]:
 WGMMA_A8_OFF = "cuda_wgmma_a8 is not faster than triton_a8 on most shapes (results/h200/sweep_wgmma_a8.json)"
 
 
-def _hopper_wgmma(call: backends.LinearCall, what: str = "wgmma") -> str:
-    """Why a Hopper backend (wgmma, or ``what``) cannot run here (GPU, build), else ""."""
+def _hopper_wgmma(call: backends.LinearCall) -> str:
+    """Why a wgmma backend cannot run here (GPU, build), else ""."""
     capability = configs.device_capability(call.x.device)
     if capability != WGMMA_CAPABILITY:
-        return f"{what} needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
+        return f"wgmma needs sm_90a (compute capability 9.0), this GPU is sm_{capability[0]}{capability[1]}"
     from ternop.cuda import cuda_ext
 
     if not cuda_ext.wgmma_built():
@@ -586,10 +559,6 @@ def _run_cuda_gemv(call: backends.LinearCall) -> torch.Tensor:
     return torch.ops.ternop.linear_cuda(*_contiguous(call))
 
 
-def _run_cuda_mma_bulk(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_mma_bulk(*_contiguous(call))
-
-
 def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
     return torch.ops.ternop.linear_cuda_mma(*_contiguous(call), call.layout == "a16")
 
@@ -648,7 +617,6 @@ def _dense_int8_variant(call: backends.LinearCall) -> tuple:
 
 BACKENDS = (
     backends.Backend("cuda_mma_a8_fused", "cuda", 4, _can_cuda_mma_a8_fused, _run_cuda_mma_a8_fused),
-    backends.Backend("cuda_mma_bulk", "cuda", 4, _can_cuda_mma_bulk, _run_cuda_mma_bulk),
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
     backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8, _quant_variant),
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),

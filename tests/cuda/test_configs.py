@@ -54,7 +54,7 @@ def test_configs_tables_are_ascending_and_well_formed():
 def test_registry_order_and_names():
     registry.register_all()
     names = [b.name for b in backends.available("cuda")]
-    assert names == ["cuda_mma_a8_fused", "cuda_mma_bulk", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_dequant_a8", "cuda_mma_tiles", "dequant_a8",
+    assert names == ["cuda_mma_a8_fused", "cuda_mma", "cuda_mma_a8", "cuda_wgmma", "cuda_dequant_a8", "cuda_mma_tiles", "dequant_a8",
                      "cuda_wgmma_a8", "cuda_gemv",
                      "triton_a8",
                      "cuda_dequant",

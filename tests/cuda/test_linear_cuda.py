@@ -20,15 +20,15 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BACKENDS = ["cuda_mma", "cuda_mma_bulk", "cuda_mma_tiles", "cuda_wgmma", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm",
+BACKENDS = ["cuda_mma", "cuda_mma_tiles", "cuda_wgmma", "cuda_gemv", "triton_a16", "cuda_dequant", "dequant_cublas", "triton_gemm",
             "triton_gemv", "dequant_any"]  # fmt: skip
-SMALL_M = {"cuda_mma": 16, "cuda_mma_bulk": 16, "cuda_gemv": 8, "triton_gemv": 4}
+SMALL_M = {"cuda_mma": 16, "cuda_gemv": 8, "triton_gemv": 4}
 CPP_BACKENDS = ("cuda_mma", "cuda_gemv")
 # Every backend that needs the C++ extension: where nvcc exists, a failed build is a failure.
-EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_bulk", "cuda_mma_tiles", "cuda_wgmma", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused",
+EXT_BACKENDS = (*CPP_BACKENDS, "cuda_mma_tiles", "cuda_wgmma", "cuda_dequant", "cuda_mma_a8", "cuda_mma_a8_fused",
                 "cuda_wgmma_a8", "cuda_dequant_a8")
 # Which layouts each 16-bit backend reads (the others decline with a reason).
-LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_bulk": ("a16",), "cuda_mma_tiles": ("a16",), "cuda_wgmma": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
+LAYOUTS_OF = {"cuda_mma": ("v1", "a16"), "cuda_mma_tiles": ("a16",), "cuda_wgmma": ("a16",), "cuda_gemv": ("v1",), "triton_gemm": ("v1",),
               "triton_gemv": ("v1",)}  # fmt: skip
 
 
@@ -111,7 +111,7 @@ def _skip_unavailable(name, x, packed, scale, bits=16, layout="v1"):
     ok, why = backend.can_implement(_call(x, packed, scale, None, bits, layout))
     if ok:
         return
-    if "needs sm_80" in why or "needs sm_90a" in why or " configs for " in why:
+    if "needs sm_80" in why or "wgmma needs sm_90a" in why or " configs for " in why:
         pytest.skip(why)  # an older GPU, or an architecture whose table lacks the backend
     if name not in EXT_BACKENDS:
         return
@@ -216,75 +216,6 @@ def test_linear_cuda_mma_shapes_with_bias(monkeypatch, dtype):
         _check(y, x, packed, scale, bias)
         assert torch.equal(y, torch.ops.ternop.linear_cuda_mma(x, packed, scale, bias))  # deterministic
         monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
-
-
-def _skip_unless_bulk():
-    """Skips where cuda_mma_bulk cannot run: compute capability 9.0 and an sm_90a build."""
-    _skip_unless_wgmma("cuda_mma_bulk")
-
-
-def _small_m_warps(k: int) -> int:
-    """The warps cuda_mma gives one set of 16 rows (small_m_split in ternary_common.cuh, one set a CTA)."""
-    blocks, w = k // 128, 1
-    while w < 8 and blocks // (2 * w) >= 2:
-        w *= 2
-    return w
-
-
-# The bulk-copy kernel: every M of both n8 tiles' edges, N not a multiple of 16 (a partial last
-# set), K from one block (warps with no block) through chunked ranges (odd block counts per warp,
-# chunks of 4 to 14 blocks) to the K of an 8B down projection.
-BULK_SHAPES = [(1, 128, 136), (2, 384, 40), (3, 640, 1152), (5, 1024, 136), (8, 1152, 4096), (9, 2176, 136),
-               (15, 4096, 1160), (16, 14336, 136), (16, 4096, 4096), (1, 14336, 4096), (4, 6912, 264)]
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_linear_cuda_mma_bulk_equals_cuda_mma_bit_for_bit(dtype):
-    """With the warps cuda_mma gives one set, the bulk kernel splits K the same way and sums each block
-    in the same mma order: its decode (LOP3 + HFMA2) yields the same exact weights, so the outputs are
-    the same bits, whatever the sets a CTA walks and the ring slots they cycle through (a CTA's last
-    set partial, sets past N, slots reused). Other warp counts meet the 2x rule, and repeat their bits."""
-    _skip_unless_bulk()
-    for m, k, n in BULK_SHAPES:
-        v1, scale = _weights(n, k)
-        a16 = layouts.repack(v1, "a16")
-        x = torch.randn(m, k, device="cuda").to(dtype)
-        bias = torch.randn(n, device="cuda").to(dtype)
-        want = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, 1)
-        for sets, depth in ((1, 1), (3, 2), (5, 4), (2, 3), (-1, -1)):
-            if depth == 4 and k > 12288:  # four slots of 16 rows do not fit the shared memory
-                continue
-            y = torch.ops.ternop.linear_cuda_mma_bulk(x, a16, scale, bias, _small_m_warps(k), sets, depth)
-            assert torch.equal(y, want), (m, k, n, sets, depth)
-        for warps in (-1, 1, 3, 8):
-            b = bias if warps != 3 else None
-            y = torch.ops.ternop.linear_cuda_mma_bulk(x, a16, scale, b, warps, 3, 2)
-            _check(y, x, v1, scale, b)
-            assert torch.equal(y, torch.ops.ternop.linear_cuda_mma_bulk(x, a16, scale, b, warps, 3, 2)), (m, k, n, warps)
-
-
-def test_linear_cuda_mma_bulk_refuses_what_it_cannot_run():
-    _skip_unless_bulk()
-    v1, scale = _weights(64, 54528)  # 16 rows of codes need more than a CTA's shared memory
-    x = torch.randn(1, 54528, device="cuda", dtype=torch.bfloat16)
-    a16 = layouts.repack(v1, "a16")
-    with pytest.raises(RuntimeError, match="K=54528 does not fit"):
-        torch.ops.ternop.linear_cuda_mma_bulk(x, a16, scale)
-    ok, why = backends.get("cuda_mma_bulk").can_implement(_call(x, a16, scale, layout="a16"))
-    assert not ok and "K=54528" in why
-    v1, scale = _weights(64, 512)
-    a16 = layouts.repack(v1, "a16")
-    x = torch.randn(17, 512, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="M=17 rows; this kernel takes 1..16"):
-        torch.ops.ternop.linear_cuda_mma_bulk(x, a16, scale)
-    with pytest.raises(RuntimeError, match="warps must be -1"):
-        torch.ops.ternop.linear_cuda_mma_bulk(x[:1], a16, scale, None, 9)
-    with pytest.raises(RuntimeError, match="depth must be -1"):
-        torch.ops.ternop.linear_cuda_mma_bulk(x[:1], a16, scale, None, -1, 2, 5)
-    with pytest.raises(RuntimeError, match="sets must be -1"):
-        torch.ops.ternop.linear_cuda_mma_bulk(x[:1], a16, scale, None, -1, 0)
-    ok, why = backends.get("cuda_mma_bulk").can_implement(_call(x[:1], v1, scale))
-    assert not ok and "layout 'v1'" in why
 
 
 # The mid-M kernel: M at the edges of its three tiles (32, 64, 128 tokens) and past one tile,
@@ -510,9 +441,9 @@ def test_linear_cuda_3d_noncontiguous_bias(monkeypatch, name, dtype):
     bias = torch.randn(2 * n, device="cuda").to(dtype)[::2]  # strided: every kernel must index it by its stride
     layout = _layout_for(name)
     stored = layouts.repack(packed, layout)
-    m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16, "cuda_mma_bulk": 16}.get(name, 80)
+    m_total = {"cuda_gemv": 4, "triton_gemv": 4, "cuda_mma": 16}.get(name, 80)
     x3 = torch.randn(2, m_total // 2, k, device="cuda").to(dtype)
-    if name in ("cuda_mma", "cuda_mma_bulk", "cuda_mma_tiles", "cuda_wgmma", "triton_a16") and dtype == torch.float32:
+    if name in ("cuda_mma", "cuda_mma_tiles", "cuda_wgmma", "triton_a16") and dtype == torch.float32:
         ternop.linear(x3[0, :1], stored, scale, layout=layout)  # registers the CUDA backends
         ok, why = backends.get(name).can_implement(_call(x3, stored, scale, bias, layout=layout))
         assert not ok and "float32" in why
@@ -614,7 +545,7 @@ def test_linear_cuda_compile_dynamic_m_one_graph(layout):
     [(1, None, torch.float16), (3, None, torch.float16), (64, None, torch.float16), (1000, None, torch.float16),
      (1, "cuda_mma", torch.bfloat16), (16, "cuda_mma", torch.float16), (64, "cuda_mma_tiles", torch.bfloat16),
      (40, "cuda_mma_tiles", torch.float16), (200, "cuda_wgmma", torch.bfloat16), (80, "cuda_wgmma", torch.float16),
-     (24, "cuda_wgmma", torch.bfloat16), (1, "cuda_mma_bulk", torch.bfloat16), (12, "cuda_mma_bulk", torch.float16)],
+     (24, "cuda_wgmma", torch.bfloat16)],
 )
 def test_linear_cuda_graph_capture_replays(monkeypatch, m, name, dtype):
     layout = _layout_for(name)

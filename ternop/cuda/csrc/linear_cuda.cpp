@@ -4,8 +4,6 @@
 //   ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
 //   ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
 //                           bool a16=False, int row_groups=-1, int depth=-1) -> Tensor
-//   ternop::linear_cuda_mma_bulk(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-//                                int warps=-1, int sets=-1, int depth=-1) -> Tensor
 //   ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
 //                              Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor
 //   ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
@@ -30,10 +28,7 @@
 // and quantizes it inside the kernel, with the same result; the three small-M ops' row_groups
 // (sets of 16 weight rows per CTA, small_m_split in ternary_common.cuh) and depth (scale blocks
 // of weight loads each warp keeps in flight: 2 or 4, 4 in linear_cuda_mma only for the a16
-// layout) are -1 for the kernel's choice. linear_cuda_mma_bulk is the small-M a16 kernel of Hopper
-// (ternary_mma_bulk.cu, sm_90a builds only), fed by bulk copies into shared memory; its warps per
-// CTA (1..8) are -1 for the kernel's choice, and it takes K up to what one CTA's shared memory
-// holds (ternary_mma_bulk_takes). linear_cuda_dequant (large M, any M
+// layout) are -1 for the kernel's choice. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
@@ -63,10 +58,6 @@ bool ternary_mma_takes_depth(bool a16, int depth);
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
                                cudaStream_t stream);
-bool ternary_mma_bulk_takes(int K, int depth);
-cudaError_t launch_ternary_mma_bulk(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                                    void* out, int M, int N, int K, int warps, int sets, int depth, int sms,
-                                    cudaStream_t stream);
 int ternary_mma_a8_max_m();
 bool ternary_mma_a8_takes_depth(int depth);
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
@@ -218,27 +209,6 @@ at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed,
                                                       reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
                                                       out, M, N, K, a16, static_cast<int>(row_groups),
                                                       static_cast<int>(depth), sms_of(x), stream_of(x));
-                  });
-}
-
-at::Tensor linear_cuda_mma_bulk(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                                const std::optional<at::Tensor>& bias, int64_t warps, int64_t sets, int64_t depth) {
-  const char* op = "ternop.linear_cuda_mma_bulk";
-  TORCH_CHECK(warps == -1 || (warps >= 1 && warps <= 8), op, ": warps must be -1 (the kernel's choice) or 1..8; got ",
-              warps);
-  TORCH_CHECK(sets == -1 || (sets >= 1 && sets <= INT32_MAX), op, ": sets must be -1 (the kernel's choice) or >= 1; got ",
-              sets);
-  TORCH_CHECK(depth == -1 || (depth >= 1 && depth <= 4), op, ": depth must be -1 (the kernel's choice) or 1..4; got ",
-              depth);
-  return run_on_x(op, x, weight_packed, weight_scale, bias, 16, false,
-                  [&](int code, const void* b, void* out, int M, int N, int K) {
-                    TORCH_CHECK(ternop::ternary_mma_bulk_takes(K, static_cast<int>(depth)), op, ": K=", K,
-                                " does not fit: a CTA holds 16 rows of codes in shared memory for each slot");
-                    return ternop::launch_ternary_mma_bulk(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
-                                                           reinterpret_cast<const __half*>(weight_scale.data_ptr()),
-                                                           b, out, M, N, K, static_cast<int>(warps),
-                                                           static_cast<int>(sets), static_cast<int>(depth), sms_of(x),
-                                                           stream_of(x));
                   });
 }
 
@@ -433,7 +403,6 @@ at::Tensor linear_cuda_wgmma(const at::Tensor& x, const at::Tensor& weight_packe
 TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda", &linear_cuda);
   m.impl("linear_cuda_mma", &linear_cuda_mma);
-  m.impl("linear_cuda_mma_bulk", &linear_cuda_mma_bulk);
   m.impl("linear_cuda_mma_a8", &linear_cuda_mma_a8);
   m.impl("linear_cuda_mma_a8_fused", &linear_cuda_mma_a8_fused);
   m.impl("linear_cuda_dequant", &linear_cuda_dequant);

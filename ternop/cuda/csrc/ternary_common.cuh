@@ -1,6 +1,5 @@
 // What the CUDA kernels of format v1 share: x's dtype codes, conversions to and from the fp32
-// accumulator, the small-M kernels' loads of x and work split, the launchers' argument check and
-// their dispatch on x's dtype.
+// accumulator, the launchers' argument check and their dispatch on x's dtype.
 //
 // Like the kernels it holds no torch headers, so each .cu still compiles alone (CI runs nvcc
 // on each). Everything is in an anonymous namespace: each kernel file gets its own copy.
@@ -40,21 +39,6 @@ struct Fp<float> {
   __device__ __forceinline__ static float from_float(float f) { return f; }
   __device__ __forceinline__ static float to_float(float h) { return h; }
 };
-
-// The small-M kernels' x (ternary_mma.cu, ternary_mma_bulk.cu): the 32 values [32q, 32q + 32) of
-// one 128-wide block for one token, from 16-byte aligned p: 16 registers of two halves.
-template <typename T>
-__device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
-  const uint4* q = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = __ldg(q + i);
-    xv[4 * i] = v.x;
-    xv[4 * i + 1] = v.y;
-    xv[4 * i + 2] = v.z;
-    xv[4 * i + 3] = v.w;
-  }
-}
 
 // 1 <= M <= max_m, N >= 1, K a positive multiple of 128 (one scale block).
 inline bool valid_shape(int M, int max_m, int N, int K) {

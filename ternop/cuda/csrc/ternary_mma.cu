@@ -136,6 +136,20 @@ __device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
   return sub2<T>(r, kA16 ? Mma<T>::kBiasA16 : Mma<T>::kBias);
 }
 
+// The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
+template <typename T>
+__device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = __ldg(q + i);
+    xv[4 * i] = v.x;
+    xv[4 * i + 1] = v.y;
+    xv[4 * i + 2] = v.z;
+    xv[4 * i + 3] = v.w;
+  }
+}
+
 // mma step 4H + S of a block (e = 2S): A from codes (e, e + 8) and (e + 1, e + 9) of word H
 // (v1; a16: codes (4S, 4S + 1) and (4S + 2, 4S + 3)) of rows g (d_g: plus2 of that word for
 // v1, the word itself for a16) and g + 8 (d_g8); B from the same k of x.

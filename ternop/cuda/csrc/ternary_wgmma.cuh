@@ -1,6 +1,6 @@
 // Hopper primitives the wgmma kernels share (ternary_wgmma.cu, 16-bit x; ternary_wgmma_a8.cu,
 // int8 x): the shared-memory matrix descriptor of a 128-byte-swizzled K-major operand, the
-// wgmma fences, mbarriers, TMA box and bulk loads, the cluster barrier and the host-side tensor map of x. Device code is
+// wgmma fences, mbarriers, TMA box loads, the cluster barrier and the host-side tensor map of x. Device code is
 // compiled only for sm_90a (TERNOP_HAS_WGMMA); elsewhere these are empty and the kernels trap.
 
 #pragma once
@@ -96,16 +96,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k_byte), "r"(m), "r"(bar)
       : "memory");
-#endif
-}
-
-// `bytes` (a multiple of 16) contiguous bytes from global `src` to shared `dst` (both 16-byte
-// aligned) by the tensor-memory-access unit, with no tensor map; `bar` counts the bytes.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if TERNOP_HAS_WGMMA
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 #endif
 }
 
