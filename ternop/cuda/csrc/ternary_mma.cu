@@ -260,13 +260,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
 #pragma unroll
       for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, xv[t]);
 
-      float c[NT][4];
+      // The block's eight mma steps in two chains, one a word, added at the end: the one-tile a16
+      // kernel then waits on four dependent mma at a time instead of eight, which made it 1-4%
+      // faster at M = 1 on every layer of an H100 (results/h100/sweep_mma_{base,split}_*); with two
+      // tiles it moved M = 16 by -4% to +3%, so those keep one chain.
+      constexpr bool kTwoChains = kA16 && NT == 1;
+      float c[NT][4], c2[NT][4];
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) c[t][r] = 0.f;
+        for (int r = 0; r < 4; ++r) c[t][r] = 0.f, c2[t][r] = 0.f;
       mma_word<T, NT, 0, kA16>(wa.x, wb.x, xv, magic, c);
-      mma_word<T, NT, 1, kA16>(wa.y, wb.y, xv, magic, c);
+      mma_word<T, NT, 1, kA16>(wa.y, wb.y, xv, magic, kTwoChains ? c2 : c);
+      if constexpr (kTwoChains) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) c[t][r] += c2[t][r];
+      }
       // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8.
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
