@@ -10,7 +10,7 @@
 //   stream: every thread of a plain grid reads 16-byte vectors in order (what a copy reaches).
 //   rows-kS: rows with one set a CTA, S CTAs sharing each set's K (split-K: the kernel would
 //           then add S int32 partials, exact in any order with row scales).
-//   bulk:   one set a CTA of four warps; each warp has the tensor-memory-access unit copy its range
+//   bulk:   one set a CTA of four or eight warps; each warp has the tensor-memory-access unit copy its range
 //           of blocks of the 16 rows into shared memory (cp.async.bulk, `depth` chunks a warp, one
 //           mbarrier each), then reads them as the small-M kernels' lanes do (8 bytes of rows g and
 //           g + 8 a block): the feed of the bulk-copy kernel of aaef170, without its arithmetic.
@@ -18,7 +18,7 @@
 // Each kernel XORs what it read into one word per warp, so nothing is optimised away. Weights
 // rotate over copies that together pass 200 MB (four times the L2).
 //
-//     nvcc -O3 -arch=sm_90a -o probe_weight_reads benchmarks/probe_weight_reads.cu && ./probe_weight_reads
+//     nvcc -O3 -arch=sm_90a -o probe_weight_reads benchmarks/probe_weight_reads.cu && ./probe_weight_reads [rows,bulk,...]
 #include <cstdio>
 #include <cstdint>
 #include <algorithm>
@@ -198,6 +198,7 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+
 __host__ __device__ inline int bulk_stride(int K) { return K / 4 + ((K / 128) % 2 == 0 ? 32 : 0); }
 
 __global__ void __launch_bounds__(kWarps * 32) bulk_kernel(const uint8_t* __restrict__ w, int N, int K, int chunks,
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kWarps * 32) bulk_kernel(const uint8_t* __rest
     const int r = i % 16, c = i / 16, b = b0 + c * chunk;
     if (r < rows)
       bulk_load(ternop::smem_addr(codes + r * stride + 32 * b), w + (n0 + r) * row_bytes + 32 * b,
-                        32 * min(chunk, count - c * chunk), mine + 8 * c);
+                32 * min(chunk, count - c * chunk), mine + 8 * c);
   }
   uint32_t acc = 0;
   for (int c = 0; c < nch; ++c) {
