@@ -16,15 +16,8 @@
 #include <cstdio>
 
 #include "../ternop/cuda/csrc/ternary_mma.cu"  // the kernel's decode and mma steps
+#include "probe_timing.cuh"
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    const cudaError_t err_ = (call);                                                         \
-    if (err_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_));      \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
 
 using T = __nv_bfloat16;
 
@@ -75,39 +68,17 @@ int main() {
   CHECK(cudaMalloc(&sink, 4));
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
   std::printf("%-10s %-10s %-11s %6s %9s\n", "sets/warp", "warps/cta", "blocks/warp", "ctas", "us/call");
   for (const Config& c : configs) {
     const int warps = set_blocks / (c.sets_a_warp * c.blocks_a_warp);
     const int ctas = warps / c.warps_a_cta, threads = 32 * c.warps_a_cta, reps = 200;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < reps; ++i) {
+    auto launch = [&](int) {
       if (c.sets_a_warp == 1) math_kernel<1><<<ctas, threads, 0, stream>>>(x, k_blocks, c.blocks_a_warp, sink);
       else math_kernel<2><<<ctas, threads, 0, stream>>>(x, k_blocks, c.blocks_a_warp, sink);
-    }
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    float best = 1e30f;
-    for (int round = 0; round < 5; ++round) {
-      CHECK(cudaEventRecord(t0, stream));
-      CHECK(cudaGraphLaunch(exec, stream));
-      CHECK(cudaEventRecord(t1, stream));
-      CHECK(cudaEventSynchronize(t1));
-      float ms = 0.f;
-      CHECK(cudaEventElapsedTime(&ms, t0, t1));
-      best = ms < best ? ms : best;
-    }
-    CHECK(cudaGetLastError());
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    std::printf("%-10d %-10d %-11d %6d %9.2f\n", c.sets_a_warp, c.warps_a_cta, c.blocks_a_warp, ctas,
-                1e3 * best / reps);
+    };
+    double us = 0.0;
+    CHECK(time_graph_us(stream, reps, launch, &us));
+    std::printf("%-10d %-10d %-11d %6d %9.2f\n", c.sets_a_warp, c.warps_a_cta, c.blocks_a_warp, ctas, us);
   }
   return 0;
 }

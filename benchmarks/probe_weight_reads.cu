@@ -28,15 +28,8 @@
 
 #include "../ternop/cuda/csrc/ternary_a16.cuh"    // smem_addr
 #include "../ternop/cuda/csrc/ternary_wgmma.cuh"  // mbarriers and bulk copies (sm_90a)
+#include "probe_timing.cuh"
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    const cudaError_t err_ = (call);                                                         \
-    if (err_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_));      \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
 
 constexpr int kWarps = 8;
 
@@ -306,9 +299,6 @@ int main(int argc, char** argv) {
                            {2560, 3840}, {2560, 2560}, {2560, 13824}, {6912, 2560}, {1024, 4096}};
   uint32_t* sink = nullptr;
   CHECK(cudaMalloc(&sink, 4));
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::printf("%-13s %-11s %5s %5s %6s %7s %9s %7s\n", "K x N", "pattern", "depth", "sets", "ctas", "threads",
@@ -348,29 +338,8 @@ int main(int argc, char** argv) {
         if (c.kind == kStream && c.depth == 4) stream_kernel<4><<<ctas, threads, 0, stream>>>(wv, bytes / 16, sink);
         if (c.kind == kBulk) bulk_kernel<<<ctas, threads, bulk_smem, stream>>>(wi, N, K, c.depth, sink);
       };
-      // One CUDA graph of `reps` launches, so launch gaps do not count (as in a captured model).
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      for (int i = 0; i < reps; ++i) launch(i);
-      CHECK(cudaStreamEndCapture(stream, &graph));
-      CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CHECK(cudaGraphLaunch(exec, stream));
-      CHECK(cudaStreamSynchronize(stream));
-      float best = 1e30f;
-      for (int round = 0; round < 5; ++round) {
-        CHECK(cudaEventRecord(t0, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(t1, stream));
-        CHECK(cudaEventSynchronize(t1));
-        float ms = 0.f;
-        CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        best = ms < best ? ms : best;
-      }
-      CHECK(cudaGetLastError());
-      CHECK(cudaGraphExecDestroy(exec));
-      CHECK(cudaGraphDestroy(graph));
-      const double us = 1e3 * best / reps;
+      double us = 0.0;
+      CHECK(time_graph_us(stream, reps, launch, &us));
       char name[16];
       std::snprintf(name, sizeof name, "%s%s", kNames[c.kind], kOrderNames[c.order]);
       if (c.ksplit > 1) std::snprintf(name, sizeof name, "%s-k%d", kNames[c.kind], c.ksplit);
