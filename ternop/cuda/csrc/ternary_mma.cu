@@ -136,17 +136,31 @@ __device__ __forceinline__ uint32_t pair(uint32_t d, uint32_t magic) {
   return sub2<T>(r, kA16 ? Mma<T>::kBiasA16 : Mma<T>::kBias);
 }
 
-// The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves.
+// 16 bytes of read-only global memory at p into r where `load` holds, zeros where it does not
+// (and then nothing is loaded). The zeros give r a definition on every path; without one, ptxas
+// keeps r live through the whole kernel and spills.
+__device__ __forceinline__ void load16_if(const void* p, bool load, uint32_t (&r)[4]) {
+  asm("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+      " mov.b32 %3, 0;\n @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "l"(p), "r"(static_cast<int>(load)));
+}
+
+// The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves. The
+// lanes of B columns past M (`mine` false) load nothing and hold zeros: their C columns are never
+// written. Before, they loaded token 0 again, which at M = 1 was seven eighths of the bytes that
+// x moves from L1 into registers; skipping them made M = 1 1-3% faster on an H100
+// (results/h100/sweep_mma_x{all,own}_r{1,2}_*.json). M = 16 is unchanged: every lane loads.
 template <typename T>
-__device__ __forceinline__ void load_x(const T* p, uint32_t (&xv)[16]) {
-  const uint4* q = reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void load_x(const T* p, bool mine, uint32_t (&xv)[16]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint4 v = __ldg(q + i);
-    xv[4 * i] = v.x;
-    xv[4 * i + 1] = v.y;
-    xv[4 * i + 2] = v.z;
-    xv[4 * i + 3] = v.w;
+    uint32_t v[4];
+    load16_if(p + 8 * i, mine, v);
+    xv[4 * i] = v[0];
+    xv[4 * i + 1] = v[1];
+    xv[4 * i + 2] = v[2];
+    xv[4 * i + 3] = v[3];
   }
 }
 
@@ -216,10 +230,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
   const __half* ps0 = ws + static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin;
   const __half* ps1 = ws + static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin;
   const T* px[NT];  // token t * 8 + g, this lane's B column
+  bool x_mine[NT];  // whether that token exists (the lanes of the others load nothing)
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const int m = t * 8 + g;
     px[t] = x + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * q;
+    x_mine[t] = m < M;
   }
   const uint32_t magic = Mma<T>::kMagic;
 
@@ -258,7 +274,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
 
       uint32_t xv[NT][16];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, xv[t]);
+      for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, x_mine[t], xv[t]);
 
       // The block's eight mma steps in two chains, one a word, added at the end: the one-tile a16
       // kernel then waits on four dependent mma at a time instead of eight, which made it 1-4%
