@@ -39,10 +39,34 @@ using T = __nv_bfloat16;
 //              kernel's loads now
 //   kXNext     x of the next block is loaded before this block's mma (16 more registers)
 //   kXOwnNext  both
-enum Variant { kFull, kNoSub, kNoShift, kLopOnly, kNoDecode, kNoMma, kXOwn, kXNext, kXOwnNext, kVariants };
-const char* const kVariantNames[kVariants] = {"full",   "no_sub", "no_shift", "lop_only",   "no_decode",
-                                              "no_mma", "x_own",  "x_next",   "x_own_next"};
-__host__ __device__ constexpr int decode_of(int v) { return v >= kXOwn ? kFull : v; }
+//   kXSmem     each CTA first copies x (8 KB) into shared memory, in the order the lanes read it
+//              (block, 16-byte step i, lane group q), so that a warp's 16-byte reads of one step
+//              fall in distinct banks; then every block's x is four LDS.128 a lane
+// and kXSmem with the arithmetic of kNoDecode and of kNoMma (kXSmemNoDecode, kXSmemNoMma).
+// Last, a shorter exact decode, LOP3 + HFMA2 a pair (kFma; with x in shared memory, kXSmemFma):
+// the field at bit 2j of a half, ORed into the magic 2^7, reads 2^7 + u * 4^j, and one packed
+// FMA by 4^-j plus -(2^7 * 4^-j + 1) gives v = u - 1 exactly; a word needs one shift for each
+// three fields instead of one a field. (kFma and kXSmemFma have not run on a GPU yet.)
+enum Variant {
+  kFull, kNoSub, kNoShift, kLopOnly, kNoDecode, kNoMma, kXOwn, kXNext, kXOwnNext, kXSmem, kXSmemNoDecode,
+  kXSmemNoMma, kFma, kXSmemFma, kVariants
+};
+const char* const kVariantNames[kVariants] = {
+    "full",       "no_sub", "no_shift",         "lop_only",      "no_decode", "no_mma",  "x_own", "x_next",
+    "x_own_next", "x_smem", "x_smem_no_decode", "x_smem_no_mma", "fma",       "x_smem_fma"};
+__host__ __device__ constexpr int decode_of(int v) {
+  switch (v) {
+    case kXOwn: case kXNext: case kXOwnNext: case kXSmem: return kFull;
+    case kXSmemNoDecode: return kNoDecode;
+    case kXSmemNoMma: return kNoMma;
+    case kXSmemFma: return kFma;
+    default: return v;
+  }
+}
+__host__ __device__ constexpr bool smem_of(int v) {
+  return v == kXSmem || v == kXSmemNoDecode || v == kXSmemNoMma || v == kXSmemFma;
+}
+constexpr int kProbeK = 4096;  // the layer's K (main's)
 
 template <int V, int J>
 __device__ __forceinline__ uint32_t decode(uint32_t d, uint32_t magic) {
@@ -52,6 +76,16 @@ __device__ __forceinline__ uint32_t decode(uint32_t d, uint32_t magic) {
   } else if constexpr (V == kNoSub) {
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(d >> (2 * J)), "n"(0x00030003), "r"(magic));
     return r;
+  } else if constexpr (V == kFma) {
+    // bf16: three fields a shift (bits 0-5 of each half stay in the mantissa).
+    constexpr int j = J % 3, shift = 6 * (J / 3);
+    constexpr uint32_t mul = j == 0 ? 0x3F803F80u : j == 1 ? 0x3E803E80u : 0x3D803D80u;  // 1, 1/4, 1/16
+    constexpr uint32_t add = j == 0 ? 0xC301C301u : j == 1 ? 0xC204C204u : 0xC110C110u;  // -129, -33, -9
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(d >> shift), "n"(0x00030003u << (2 * j)), "r"(magic));
+    const __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&mul);
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&add);
+    __nv_bfloat162 v = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&r), m, a);
+    return *reinterpret_cast<uint32_t*>(&v);
   } else if constexpr (V == kNoShift || V == kLopOnly) {
     // A different mask for every J, so that the compiler cannot merge the eight.
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(d), "n"(0x00030003u << J), "r"(magic));
@@ -67,7 +101,7 @@ __device__ __forceinline__ void step(uint32_t d_g, uint32_t d_g8, const uint32_t
                                      float (&c)[4]) {
   const uint32_t b0 = xv[8 * H + 2 * S], b1 = xv[8 * H + 2 * S + 1];
   constexpr int D = decode_of(V);
-  if constexpr (V == kNoMma) {
+  if constexpr (D == kNoMma) {
     c[0] += __uint_as_float(b0 ^ d_g) + __uint_as_float(b1 ^ d_g8);
   } else {
     ternop::mma_16816<T>(c, decode<D, 2 * S>(d_g, magic), decode<D, 2 * S>(d_g8, magic),
@@ -97,10 +131,27 @@ __global__ void __launch_bounds__(256) math_kernel(const T* __restrict__ x, int 
   constexpr bool kOwn = V == kXOwn || V == kXOwnNext, kNext = V == kXNext || V == kXOwnNext;
   const bool loads = !kOwn || lane / 4 < 1;  // M = 1: token g = lane / 4 exists only for g = 0
   auto block_of = [&](int i) { return b0 + i < k_blocks ? b0 + i : b0 + i - k_blocks; };
+  constexpr bool kSmem = smem_of(V);
+  __shared__ uint4 xs[kSmem ? kProbeK / 8 : 1];
+  if constexpr (kSmem) {
+    // 16-byte chunk c of x (elements 8c..8c+7): block b, lane group q, step i.
+    for (int c = threadIdx.x; c < kProbeK / 8; c += blockDim.x) {
+      const int b = c / 16, q_of = (c % 16) / 4, i_of = c % 4;
+      xs[b * 16 + i_of * 4 + q_of] = __ldg(reinterpret_cast<const uint4*>(x) + c);
+    }
+    __syncthreads();
+  }
   uint32_t xv[16] = {}, xn[16] = {};
   if (kNext && blocks > 0) ternop::load_x(px + 128 * block_of(0), loads, xn);
   for (int i = 0; i < blocks; ++i) {
-    if constexpr (kNext) {
+    if constexpr (kSmem) {
+      const int b = block_of(i);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = xs[b * 16 + j * 4 + q];
+        xv[4 * j] = v.x, xv[4 * j + 1] = v.y, xv[4 * j + 2] = v.z, xv[4 * j + 3] = v.w;
+      }
+    } else if constexpr (kNext) {
 #pragma unroll
       for (int r = 0; r < 16; ++r) xv[r] = xn[r];
       if (i + 1 < blocks) ternop::load_x(px + 128 * block_of(i + 1), loads, xn);
@@ -136,7 +187,10 @@ void launch_variant(int sets_a_warp, int ctas, int threads, cudaStream_t stream,
 using LaunchFn = void (*)(int, int, int, cudaStream_t, const T*, int, int, float*);
 const LaunchFn kLaunch[kVariants] = {launch_variant<kFull>,    launch_variant<kNoSub>,    launch_variant<kNoShift>,
                                      launch_variant<kLopOnly>, launch_variant<kNoDecode>, launch_variant<kNoMma>,
-                                     launch_variant<kXOwn>,    launch_variant<kXNext>,    launch_variant<kXOwnNext>};
+                                     launch_variant<kXOwn>,    launch_variant<kXNext>,    launch_variant<kXOwnNext>,
+                                     launch_variant<kXSmem>,   launch_variant<kXSmemNoDecode>,
+                                     launch_variant<kXSmemNoMma>, launch_variant<kFma>,
+                                     launch_variant<kXSmemFma>};
 
 struct Config {
   int sets_a_warp, warps_a_cta, blocks_a_warp;
@@ -146,7 +200,7 @@ int main(int argc, char** argv) {
   const char* only = argc > 1 ? argv[1] : nullptr;  // e.g. "full,no_sub": only these variants
   // "once": one plain launch of each variant at the kernel's grid, untimed, for a profiler.
   const bool once = argc > 2 && std::strcmp(argv[2], "once") == 0;
-  const int K = 4096, N = 14336, k_blocks = K / 128, set_blocks = (N / 16) * k_blocks;
+  const int K = kProbeK, N = 14336, k_blocks = K / 128, set_blocks = (N / 16) * k_blocks;
   const Config configs[] = {{1, 8, 16}, {1, 8, 8}, {1, 4, 16}, {2, 8, 16}, {2, 8, 8}, {2, 4, 16}, {2, 4, 8}};
   T* x = nullptr;
   float* sink = nullptr;
