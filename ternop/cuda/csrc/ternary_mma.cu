@@ -149,7 +149,7 @@ __device__ __forceinline__ void load16_if(const void* p, bool load, uint32_t (&r
 // The 32 x values [32q, 32q + 32) of one block for one token: 16 registers of two halves. The
 // lanes of B columns past M (`mine` false) load nothing and hold zeros: their C columns are never
 // written. Before, they loaded token 0 again, which at M = 1 was seven eighths of the bytes that
-// x moves from L1 into registers; skipping them made M = 1 1-3% faster on an H100
+// x moves from L1 into registers; skipping them made M = 1 1-4.5% faster on an H100
 // (results/h100/sweep_mma_x{all,own}_r{1,2}_*.json). M = 16 is unchanged: every lane loads.
 template <typename T>
 __device__ __forceinline__ void load_x(const T* p, bool mine, uint32_t (&xv)[16]) {
