@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
   const int b_begin = min(warp * per_warp, blocks);
   const int count = min(per_warp, blocks - b_begin);  // this warp's scale blocks
 
-  // Rows past N and tokens past M read row 0 / token 0 instead of branching: an mma keeps
-  // C's rows and columns apart, and those outputs are never written.
+  // Rows past N read row 0 instead of branching, and tokens past M load nothing (zeros, load_x):
+  // an mma keeps C's rows and columns apart, and those outputs are never written.
   const size_t row_bytes = static_cast<size_t>(K) / 4;
   const uint8_t* pw0 = wp + static_cast<size_t>(row0 < N ? row0 : 0) * row_bytes + b_begin * 32 + 8 * q;
   const uint8_t* pw1 = wp + static_cast<size_t>(row1 < N ? row1 : 0) * row_bytes + b_begin * 32 + 8 * q;
