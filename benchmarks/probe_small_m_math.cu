@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
   double us = 0.0;
   if (once) {
     for (int v = 0; v < kVariants; ++v) {
-      if (std::strstr(only, kVariantNames[v]) == nullptr) continue;
+      if (!named_in(only, kVariantNames[v])) continue;
       const Config& c = configs[0];
       const int ctas = set_blocks / (c.sets_a_warp * c.blocks_a_warp) / c.warps_a_cta;
       kLaunch[v](c.sets_a_warp, ctas, 32 * c.warps_a_cta, stream, x, k_blocks, c.blocks_a_warp, sink);
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
   std::printf("%-10s %-10s %-10s %-11s %6s %9s\n", "variant", "sets/warp", "warps/cta", "blocks/warp", "ctas",
               "us/call");
   for (int v = 0; v < kVariants; ++v) {
-    if (only != nullptr && std::strstr(only, kVariantNames[v]) == nullptr) continue;
+    if (!named_in(only, kVariantNames[v])) continue;
     for (const Config& c : configs) {
       const int warps = set_blocks / (c.sets_a_warp * c.blocks_a_warp);
       const int ctas = warps / c.warps_a_cta, threads = 32 * c.warps_a_cta;

@@ -1,9 +1,10 @@
 // What the standalone CUDA probes (probe_weight_reads.cu, probe_small_m_math.cu) share: an error
-// check for main(), and the timing of one launch pattern as a CUDA graph.
+// check for main(), the choice of what to run, and the timing of one launch pattern as a CUDA graph.
 
 #pragma once
 
 #include <cstdio>
+#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -16,6 +17,21 @@
       return 1;                                                                              \
     }                                                                                        \
   } while (0)
+
+// Whether `name` is one of the comma-separated names in `list` (a null list names everything).
+// Whole names only: "x_smem_fma" does not also pick "fma".
+inline bool named_in(const char* list, const char* name) {
+  if (list == nullptr) return true;
+  const size_t n = std::strlen(name);
+  for (const char* p = list; *p != '\0';) {
+    const char* end = std::strchr(p, ',');
+    const size_t len = end != nullptr ? static_cast<size_t>(end - p) : std::strlen(p);
+    if (len == n && std::strncmp(p, name, n) == 0) return true;
+    if (end == nullptr) break;
+    p = end + 1;
+  }
+  return false;
+}
 
 #define PROBE_TRY(call)                          \
   do {                                           \

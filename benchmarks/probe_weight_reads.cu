@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <cstdint>
 #include <algorithm>
-#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -314,7 +313,7 @@ int main(int argc, char** argv) {
     for (const Config& c : configs) {
       int groups = 0, warps_log2 = 0;
       split(N, K, sms, c.sets, &groups, &warps_log2);
-      if (only != nullptr && std::strstr(only, kNames[c.kind]) == nullptr) continue;
+      if (!named_in(only, kNames[c.kind])) continue;
       const bool own_threads = c.kind == kStream || c.kind == kBulk;
       const int threads = own_threads ? c.threads : groups * (1 << warps_log2) * 32;
       int ctas = c.kind == kStream ? c.ctas_per_sm * sms : (N + 16 * groups - 1) / (16 * groups);
