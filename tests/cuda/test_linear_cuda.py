@@ -382,6 +382,31 @@ def test_small_m_kernels_deeper_prefetch_gives_the_same_bits(row_groups):
             assert torch.equal(y.cpu(), want), (m, k, n, "fused")
 
 
+def test_small_m_kernel_reads_x_from_shared_memory_to_the_same_bits():
+    """With two or more sets of 16 rows a CTA and M <= 8, the a16 kernel reads x from shared memory
+    (ternary_mma.cu, kSmemX); with one set it reads x from global memory. Below 4 scale blocks
+    every set has one warp whatever the set count, so both forms sum the same products in the same
+    order: the same bits at M = 1..8, ragged N, both depths, fp16 and bf16. And at K = 4096 (eight
+    warps a set, x in 32 KB of shared memory at M = 4) the 2x rule against the reference."""
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, k, n in [(1, 384, 200), (3, 256, 72), (8, 384, 520), (5, 128, 40)]:
+            v1, scale = _weights(n, k)
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            bias = torch.randn(n, device="cuda", dtype=dtype)
+            _skip_unavailable("cuda_mma", x, v1, scale)
+            a16 = layouts.repack(v1, "a16")
+            for depth in (2, 4):
+                from_global = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, 1, depth)
+                _check(from_global, x, v1, scale, bias)
+                for row_groups in (2, 4, 8):
+                    y = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, depth)
+                    assert torch.equal(y, from_global), (dtype, m, k, n, row_groups, depth)
+        v1, scale = _weights(1000, 4096)
+        x = torch.randn(4, 4096, device="cuda", dtype=dtype)
+        for row_groups in (2, 8):
+            _check(torch.ops.ternop.linear_cuda_mma(x, layouts.repack(v1, "a16"), scale, None, True, row_groups), x, v1, scale)
+
+
 def test_small_m_kernels_refuse_a_depth_they_do_not_take():
     v1, scale = _weights(256, 1024)
     x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)

@@ -40,6 +40,15 @@
 // w = 1..W-1 of a set leave their C fragments in shared memory; warp 0 of the set adds them
 // in a fixed order (deterministic), adds the bias and writes out once. No atomics, no
 // workspace.
+//
+// x in shared memory (kSmemX). Where R >= 2 sets share x and M <= 8, the a16 kernel first
+// copies x into shared memory, while the first weight loads are in flight, and the warps read
+// it from there. Reads of x from L1 are the largest wait of the M = 1 loop
+// (docs/KERNELS.md, "The small-M kernel's arithmetic alone"); from shared memory they are
+// shorter, and where R sets share x the copy is paid once for R. With R = 1 the copy has no
+// one to share with and its wait before the loop is not hidden: on an H100 it made
+// 4096->4096 and 14336->4096 3-5% slower at M = 1 (20% at M = 4), while the R >= 2 layers
+// 4096->14336 and 4096->28672 got 6-8% faster (results/h100/sweep_mma_xsmem_*).
 
 #include <type_traits>
 
@@ -204,11 +213,21 @@ __device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint
   mma_step<T, NT, H, 3, kA16>(d_g, d_g8, xv, magic, c);
 }
 
-template <typename T, int NT, bool kA16, int D>
+// kSmemX: token m of x at m * xs_stride(K) 16-byte chunks of the dynamic shared memory, and
+// block b's chunk for mma steps (i, i + 4) of lane group q at b * 16 + i * 4 + q: the four
+// distinct chunks a warp reads at once fall in 16 distinct banks (the lanes of one group get
+// theirs by broadcast), and the token stride is 64 bytes past a multiple of 128, so two tokens
+// take the other 16 banks.
+__host__ __device__ constexpr int xs_stride(int K) { return K / 8 + 4; }
+constexpr size_t kMaxXSmemBytes = 40 * 1024;  // with `red`, under the 48 KB a launch gets unasked
+
+template <typename T, int NT, bool kA16, int D, bool kSmemX = false>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int warps_log2) {
   __shared__ float red[kMaxWarps - 1][NT * 4][32];
+  extern __shared__ uint4 xs[];  // kSmemX only
+  static_assert(!kSmemX || (kA16 && NT == 1), "x in shared memory: the one-tile a16 kernel only");
 
   // 2^warps_log2 warps (warps_k of the split) per set of 16 rows; blockDim.x / 32 / warps sets.
   const int warps = 1 << warps_log2;
@@ -259,6 +278,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     }
   }
 
+  // The first weight loads are in flight; copy x meanwhile.
+  int xo = 0;  // kSmemX: index in xs of this lane's token at b_begin, lane group q
+  if constexpr (kSmemX) {
+    const int chunks = K / 8;
+    for (int m = 0; m < M; ++m) {
+      const uint4* row = reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K);
+      for (int c = threadIdx.x; c < chunks; c += blockDim.x)
+        xs[m * xs_stride(K) + (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3)] = __ldg(row + c);
+    }
+    __syncthreads();
+    xo = (g < M ? g : 0) * xs_stride(K) + b_begin * 16 + q;  // token g; past M, token 0
+  }
+
   for (int left = count; left > 0; left -= D) {
 #pragma unroll
     for (int u = 0; u < D; ++u) {
@@ -273,8 +305,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
       }
 
       uint32_t xv[NT][16];
+      if constexpr (kSmemX) {
 #pragma unroll
-      for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, x_mine[t], xv[t]);
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v = xs[xo + 16 * u + 4 * i];
+          xv[0][4 * i] = v.x, xv[0][4 * i + 1] = v.y, xv[0][4 * i + 2] = v.z, xv[0][4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) load_x(px[t] + 128 * u, x_mine[t], xv[t]);
+      }
 
       // The block's eight mma steps in two chains, one a word, added at the end: the one-tile a16
       // kernel then waits on four dependent mma at a time instead of eight, which made it 1-4%
@@ -309,6 +349,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     ps1 += D;
 #pragma unroll
     for (int t = 0; t < NT; ++t) px[t] += 128 * D;
+    if constexpr (kSmemX) xo += 16 * D;
   }
 
   // The set is recomputed here rather than kept live through the loop.
@@ -337,6 +378,16 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
   const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
   const dim3 block(32 * split.groups * split.warps_k);
   const int wl = split.warps_log2;
+  if constexpr (kA16) {
+    const size_t xs_bytes = static_cast<size_t>(M) * xs_stride(K) * sizeof(uint4);
+    if (M <= 8 && split.groups >= 2 && xs_bytes <= kMaxXSmemBytes) {  // x in shared memory
+      if (deep)
+        ternary_mma_kernel<T, 1, true, kDeepDepth, true><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+      else
+        ternary_mma_kernel<T, 1, true, kDepth, true><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+      return cudaGetLastError();
+    }
+  }
   if (deep) {
     if constexpr (!kA16) {
       return cudaErrorInvalidValue;  // no v1 kernel at kDeepDepth; ternary_mma_takes_depth refuses it first
