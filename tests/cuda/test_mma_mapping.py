@@ -49,6 +49,10 @@ A8_MAX_WARPS = _const(_A8_SRC, "kMaxWarpsA8")
 A8_DEPTH = _const(_A8_SRC, "kDepthA8")
 A8_TABLE = _const(_A8_SRC, "kTable")
 MIN_CTAS_PER_2_SMS = _const(_COMMON_SRC, "kSmallMMinCtasPer2Sms")
+# x in shared memory (the a16 one-tile kernel where a CTA holds two or more sets): each token's
+# K / 8 16-byte chunks plus XS_PAD, and at most XS_MAX_BYTES a CTA.
+XS_PAD = int(re.search(r"xs_stride\(int K\) \{ return K / 8 \+ (\d+); \}", _MMA_SRC).group(1))
+XS_MAX_BYTES = int(re.search(r"kMaxXSmemBytes = (\d+) \* 1024;", _MMA_SRC).group(1)) * 1024
 A8_ONE_TILE_CTAS_PER_SM = _const(_A8_SRC, "kOneTileCtasPerSm")
 A8_FUSED_MAX_SETS = _const(_A8_SRC, "kFusedMaxSets")
 SMS = 132  # an H200's multiprocessors, for the kernels' own choice of the split
@@ -148,13 +152,43 @@ def mma(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], dtype: str) -> 
     return out
 
 
-def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16):
+def xs_stride(k: int) -> int:
+    return k // 8 + XS_PAD
+
+
+def takes_shared_x(m: int, k: int, sets: int, a16: bool) -> bool:
+    """launch_t's rule for x in shared memory."""
+    return a16 and m <= 8 and sets >= 2 and m * xs_stride(k) * 16 <= XS_MAX_BYTES
+
+
+def copy_x_to_shared(x_words: np.ndarray) -> np.ndarray:
+    """The kSmemX copy: chunk c (16 bytes, words 4c..4c+3) of token m at
+    m * xs_stride(K) + (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3). Unwritten chunks hold NaN bits."""
+    M, words = x_words.shape
+    k = 2 * words
+    xs = np.full((M * xs_stride(k), 4), 0xFFFFFFFF, U32)
+    for m in range(M):
+        for c in range(k // 8):
+            xs[m * xs_stride(k) + (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3)] = x_words[m, 4 * c : 4 * c + 4]
+    return xs
+
+
+def shared_x_index(g: np.ndarray, q: np.ndarray, M: int, k: int, blk: int, i: int) -> np.ndarray:
+    """The chunk a lane reads for mma steps (i, i + 4) of block blk: xo + 16 u + 4 i, with
+    xo = (g < M ? g : (M > 1 ? g & 1 : 0)) * xs_stride(K) + b_begin * 16 + q and b_begin + u = blk."""
+    return np.where(g < M, g, (g & 1) if M > 1 else 0) * xs_stride(k) + blk * 16 + 4 * i + q
+
+
+def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs=None):
     """One scale block of one warp: 8 mma steps into C per n8 tile, then acc += C * scale."""
     lanes = np.arange(32)
     sa = ws[r0, blk].astype(np.float32)
     sb = ws[r1, blk].astype(np.float32)
     xv = []
-    for t in range(NT):
+    if xs is not None:  # one tile: four 16-byte chunks from shared memory
+        k = 2 * x_words.shape[1]
+        xv.append(np.concatenate([xs[shared_x_index(g, q, M, k, blk, i)] for i in range(4)], axis=1))
+    for t in range(NT if xs is None else 0):
         m = t * 8 + g
         tok = np.where(m < M, m, 0)
         # load_x: 16 registers from element blk * 128 + 32q, i.e. word (blk * 128 + 32q) / 2
@@ -190,6 +224,7 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
     sets, warps = small_m_split(N, K, SMS, row_groups, MAX_WARPS)
     per_warp = (blocks + warps - 1) // warps
     x_words = np.ascontiguousarray(x_bits).view(U32)  # [M, K/2]: little-endian pairs of halves
+    xs = copy_x_to_shared(x_words) if takes_shared_x(M, K, sets, a16) else None
     w_bytes = np.ascontiguousarray(wp)
     out = np.full((M, N), np.nan, np.float32)
     lanes = np.arange(32)
@@ -219,7 +254,7 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
                     assert blk == base + u
                     if u + DEPTH < left:
                         ring[u] = (words(r0, base + u + DEPTH), words(r1, base + u + DEPTH), base + u + DEPTH)
-                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16)
+                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs)
                 base += DEPTH
                 left -= DEPTH
             accs.append(acc)
@@ -343,6 +378,36 @@ def test_kernel_mapping_with_row_sets_equals_x_wt(m, k, n, row_groups):
         y = kernel(x_bits, wp, scale.numpy(), bias.numpy(), "bf16", a16=layout == "a16", row_groups=row_groups)
         ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
         assert np.array_equal(y.astype(np.float64), ref), (layout, np.argwhere(y != ref)[:5])
+
+
+def test_shared_x_is_taken_where_the_launcher_takes_it():
+    """Both row-set cases above with M <= 8 replay the shared-memory reads (so a wrong layout fails
+    them), and the rule keeps to one tile, two or more sets and the size bound."""
+    assert takes_shared_x(5, 2176, 8, True) and takes_shared_x(2, 384, 8, True)
+    assert not takes_shared_x(5, 2176, 8, False)  # v1
+    assert not takes_shared_x(9, 256, 8, True)  # two tiles
+    assert not takes_shared_x(1, 4096, 1, True)  # one set: nothing to share
+    assert takes_shared_x(1, 4096, 4, True) and takes_shared_x(4, 4096, 2, True)
+    assert not takes_shared_x(8, 4096, 2, True)  # 66 KB of x
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("k", [128, 1024, 4096, 14336])
+def test_shared_x_reads_are_free_of_bank_conflicts(m, k):
+    """A 16-byte shared load is served a quarter-warp (8 lanes) at a time. For every block and
+    step, the distinct chunks one quarter reads must fall in distinct banks; lanes that read the
+    same chunk (the lanes of a token past M read token 0's or 1's) are one broadcast. Before the
+    lanes past M took their token's parity, they all read token 0, which at odd M shared its banks
+    with token M - 1 in one quarter."""
+    lanes = np.arange(32)
+    g, q = lanes // 4, lanes % 4
+    for blk in range(min(k // 128, 3)):
+        for i in range(4):
+            byte = shared_x_index(g, q, m, k, blk, i) * 16
+            for quarter in range(4):
+                chunks = sorted(set(byte[8 * quarter : 8 * quarter + 8].tolist()))
+                banks = [(c // 4 + j) % 32 for c in chunks for j in range(4)]
+                assert len(banks) == len(set(banks)), (m, k, blk, i, quarter, chunks)
 
 
 def test_decode_a16_pairs_are_neighbours():

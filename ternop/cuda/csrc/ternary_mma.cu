@@ -288,7 +288,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
         xs[m * xs_stride(K) + (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3)] = __ldg(row + c);
     }
     __syncthreads();
-    xo = (g < M ? g : 0) * xs_stride(K) + b_begin * 16 + q;  // token g; past M, token 0
+    // Token g; past M, a token of g's parity (tokens 0 and 1 fill the other half of the banks each),
+    // so that the pair g = 2p, 2p + 1 that one quarter-warp serves stays conflict-free at odd M.
+    xo = (g < M ? g : (M > 1 ? g & 1 : 0)) * xs_stride(K) + b_begin * 16 + q;
   }
 
   for (int left = count; left > 0; left -= D) {
