@@ -46,7 +46,7 @@ using T = __nv_bfloat16;
 // Last, a shorter exact decode, LOP3 + HFMA2 a pair (kFma; with x in shared memory, kXSmemFma):
 // the field at bit 2j of a half, ORed into the magic 2^7, reads 2^7 + u * 4^j, and one packed
 // FMA by 4^-j plus -(2^7 * 4^-j + 1) gives v = u - 1 exactly; a word needs one shift for each
-// three fields instead of one a field. (kFma and kXSmemFma have not run on a GPU yet.)
+// three fields instead of one a field (results/h100/probe_small_m_math_fma_6adb57b.log).
 enum Variant {
   kFull, kNoSub, kNoShift, kLopOnly, kNoDecode, kNoMma, kXOwn, kXNext, kXOwnNext, kXSmem, kXSmemNoDecode,
   kXSmemNoMma, kFma, kXSmemFma, kVariants
@@ -134,11 +134,9 @@ __global__ void __launch_bounds__(256) math_kernel(const T* __restrict__ x, int 
   constexpr bool kSmem = smem_of(V);
   __shared__ uint4 xs[kSmem ? kProbeK / 8 : 1];
   if constexpr (kSmem) {
-    // 16-byte chunk c of x (elements 8c..8c+7): block b, lane group q, step i.
-    for (int c = threadIdx.x; c < kProbeK / 8; c += blockDim.x) {
-      const int b = c / 16, q_of = (c % 16) / 4, i_of = c % 4;
-      xs[b * 16 + i_of * 4 + q_of] = __ldg(reinterpret_cast<const uint4*>(x) + c);
-    }
+    // The kernel's layout of x in shared memory (ternop::xs_chunk), for the one token.
+    for (int c = threadIdx.x; c < kProbeK / 8; c += blockDim.x)
+      xs[ternop::xs_chunk(c)] = __ldg(reinterpret_cast<const uint4*>(x) + c);
     __syncthreads();
   }
   uint32_t xv[16] = {}, xn[16] = {};

@@ -188,11 +188,12 @@ def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs=No
     if xs is not None:  # one tile: four 16-byte chunks from shared memory
         k = 2 * x_words.shape[1]
         xv.append(np.concatenate([xs[shared_x_index(g, q, M, k, blk, i)] for i in range(4)], axis=1))
-    for t in range(NT if xs is None else 0):
-        m = t * 8 + g
-        tok = np.where(m < M, m, 0)
-        # load_x: 16 registers from element blk * 128 + 32q, i.e. word (blk * 128 + 32q) / 2
-        xv.append(np.stack([x_words[tok[lane], (blk * 128 + 32 * q[lane]) // 2 :][:16] for lane in lanes]))
+    else:
+        for t in range(NT):
+            m = t * 8 + g
+            tok = np.where(m < M, m, 0)
+            # load_x: 16 registers from element blk * 128 + 32q, i.e. word (blk * 128 + 32q) / 2
+            xv.append(np.stack([x_words[tok[lane], (blk * 128 + 32 * q[lane]) // 2 :][:16] for lane in lanes]))
     c = np.zeros((NT, 32, 4), np.float32)
     for h in range(2):
         d_g, d_g8 = (wa[:, h], wb[:, h]) if a16 else (plus2(wa[:, h]), plus2(wb[:, h]))

@@ -219,6 +219,9 @@ __device__ __forceinline__ void mma_word(uint32_t w_g, uint32_t w_g8, const uint
 // theirs by broadcast), and the token stride is 64 bytes past a multiple of 128, so two tokens
 // take the other 16 banks.
 __host__ __device__ constexpr int xs_stride(int K) { return K / 8 + 4; }
+// Where chunk c of a token's x (elements 8c..8c+7: block c / 16, lane group (c / 4) % 4, step c % 4)
+// goes in that token's stretch of xs.
+__host__ __device__ constexpr int xs_chunk(int c) { return (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3); }
 constexpr size_t kMaxXSmemBytes = 40 * 1024;  // with `red`, under the 48 KB a launch gets unasked
 
 template <typename T, int NT, bool kA16, int D, bool kSmemX = false>
@@ -285,7 +288,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     for (int m = 0; m < M; ++m) {
       const uint4* row = reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K);
       for (int c = threadIdx.x; c < chunks; c += blockDim.x)
-        xs[m * xs_stride(K) + (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3)] = __ldg(row + c);
+        xs[m * xs_stride(K) + xs_chunk(c)] = __ldg(row + c);
     }
     __syncthreads();
     // Token g; past M, a token of g's parity (tokens 0 and 1 fill the other half of the banks each),
