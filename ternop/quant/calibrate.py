@@ -242,6 +242,38 @@ def _capture(model, module: nn.Module, batches, stop: bool = True) -> list[torch
     return out
 
 
+def _capture_first_calls(model, modules: dict[str, nn.Module], batches) -> dict[str, list[torch.Tensor]]:
+    """Inputs of every module in ``modules`` for each batch, from one pass of the model a batch:
+    name -> list of [tokens, K] fp16, real tokens only. As ``_capture`` (which stops the model at
+    its one module), a module's first call in a pass counts; each input is copied when the module
+    reads it, so that a later in-place change of that tensor does not reach the copy."""
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
+    seen: set[str] = set()
+    mask_box = {}
+    handles = []
+    for name, module in modules.items():
+
+        def hook(mod, args, name=name):
+            if name in seen:
+                return
+            seen.add(name)
+            x = args[0].detach()
+            x = x[mask_box["m"].bool()] if x.dim() == 3 else x
+            out[name].append(x.to(torch.float16, copy=True))
+
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                mask_box["m"] = batch["attention_mask"]
+                seen.clear()
+                model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
 CALIB_TOKENS = 8192
 """Calibration tokens by default. The fp inputs of every layer group are kept (fp16) for the whole
 model at once: tokens x the summed K of the groups x 2 bytes, about 3.3 GB for a Qwen3-0.6B-sized
@@ -281,9 +313,8 @@ def calibrate_model(
     groups = _groups(model, linears, batches[0])
     fp_inputs = {}
     if target == "fp":
-        # One pass of the fp model stores every group's input (fp16 to halve the memory).
-        for group in groups:
-            fp_inputs[group[0]] = [x.half() for x in _capture(model, linears[group[0]], batches)]
+        # One pass of the fp model a batch stores every group's input (fp16 to halve the memory).
+        fp_inputs = _capture_first_calls(model, {group[0]: linears[group[0]] for group in groups}, batches)
     results = {}
     bar = _bar(sum(len(g) for g in groups), progress)
     for group in groups:

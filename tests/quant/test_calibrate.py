@@ -202,3 +202,51 @@ def test_groups_split_layers_whose_inputs_only_share_an_address():
     linears = {"q": model.q, "k": model.k, "later": model.later}
     groups = calibrate._groups(model, linears, {"input_ids": torch.randn(4, 128)})
     assert groups == [["q", "k"], ["later"]]
+
+
+def test_one_pass_captures_what_each_layer_reads(tiny_fp):
+    """The fp inputs of every group come from one pass of the model a batch; they must be the
+    tensors that stopping the model at each layer in turn captures, as fp16 copies."""
+    from ternop.hf import load_model, load_tokenizer
+    from ternop.selection import select_linears
+
+    model, tok = load_model(tiny_fp), load_tokenizer(tiny_fp)
+    batches = calibrate._batches(tok, _texts()[:20], 32, 512, 8)
+    linears, _ = select_linears(model, ())
+    groups = calibrate._groups(model, linears, batches[0])
+    firsts = {group[0]: linears[group[0]] for group in groups}
+    passes = []
+    handle = model.register_forward_pre_hook(lambda mod, args: passes.append(1))
+    try:
+        captured = calibrate._capture_first_calls(model, firsts, batches)
+    finally:
+        handle.remove()
+    assert len(passes) == len(batches) > 1
+    assert list(captured) == list(firsts) and len(firsts) == 8  # 2 layers x (qkv, attn out, intermediate, out)
+    for name, module in firsts.items():
+        alone = calibrate._capture(model, module, batches)
+        assert len(captured[name]) == len(alone)
+        for got, want in zip(captured[name], alone):
+            assert got.dtype == torch.float16
+            torch.testing.assert_close(got, want.half(), rtol=0, atol=0)
+
+
+def test_one_pass_capture_copies_inputs_changed_in_place_later():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)
+
+        def forward(self, input_ids, attention_mask):
+            buf = input_ids.clone()
+            y = self.first(buf)
+            buf.mul_(2)  # what first read, changed after it read it
+            return self.second(buf + y) + self.first(buf)  # first again: only its first call counts
+
+    model = Model()
+    x = torch.randn(2, 3, 128)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    got = calibrate._capture_first_calls(model, {"first": model.first, "second": model.second},
+                                         [{"input_ids": x, "attention_mask": mask}])  # fmt: skip
+    assert len(got["first"]) == 1 and len(got["second"]) == 1
+    torch.testing.assert_close(got["first"][0], x[mask.bool()].half(), rtol=0, atol=0)
