@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ternop.format import BLOCK_SIZE, SCALE_DTYPE, pack_codes, values_to_codes
+from ternop.quant.replay import BlockReplay, find_blocks
 from ternop.quantize import quantize_to_values
 from ternop.selection import select_linears
 
@@ -315,10 +316,19 @@ def calibrate_model(
     if target == "fp":
         # One pass of the fp model a batch stores every group's input (fp16 to halve the memory).
         fp_inputs = _capture_first_calls(model, {group[0]: linears[group[0]] for group in groups}, batches)
+    # Each group's input with the layers before it ternary: from the group's block alone where the
+    # model replays block by block exactly (ternop.quant.replay), else from a pass up to the group.
+    found = find_blocks(model, [linears[group[0]] for group in groups])
+    replay = BlockReplay.build(model, found[0], batches) if found is not None else None
     results = {}
     bar = _bar(sum(len(g) for g in groups), progress)
-    for group in groups:
-        xq = torch.cat(_capture(model, linears[group[0]], batches))
+    for index, group in enumerate(groups):
+        if replay is not None:
+            while replay.current < found[1][index]:
+                replay.advance()
+            xq = torch.cat(replay.capture(linears[group[0]]))
+        else:
+            xq = torch.cat(_capture(model, linears[group[0]], batches))
         h = xq.T @ xq
         cross = None
         if target == "fp":
