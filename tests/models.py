@@ -107,6 +107,34 @@ def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, he
     return dst
 
 
+def tiny_gemma3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, heads: int = 2, kv_heads: int = 1,
+                head_dim: int = 128, intermediate: int = 512, seed: int = 0) -> Path:  # fmt: skip
+    """A random Gemma3TextModel (the body of EmbeddingGemma: bidirectional attention, GQA 2/1 heads
+    of 128, sliding and full attention layers, gelu-tanh MLP) saved with save_pretrained (fp32).
+
+    Every K (hidden 256, heads*head_dim 256, intermediate 512) is a multiple of 128.
+    """
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    dst = Path(dst)
+    _vocab_tokenizer(dst)
+    vocab_size = len((dst / "vocab.txt").read_text().split("\n")) - 1
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                              num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                              intermediate_size=intermediate, max_position_embeddings=128, sliding_window=8,
+                              layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+                              use_bidirectional_attention=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)  # fmt: skip
+    config.architectures = ["Gemma3TextModel"]
+    model = Gemma3TextModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(str(dst), safe_serialization=True)
+    return dst
+
+
 def qwen3_medium(dst: str | os.PathLike, *, seed: int = 0) -> Path:
     """tiny_qwen3 at Qwen3-0.6B widths (hidden 1024, GQA 16/8 heads of 64, intermediate 3072), 4 layers.
 

@@ -9,12 +9,15 @@ import torch
 from ternop.quant import calibrate, replay
 
 
-@pytest.fixture(scope="module", params=["bert", "qwen3"])
+@pytest.fixture(scope="module", params=["bert", "qwen3", "gemma3"])
 def tiny_fp(request, tmp_path_factory):
-    from tests.models import tiny_bert_wide, tiny_qwen3
+    """Gemma3 calls its sliding and full attention blocks with different masks and rotary tables."""
+    from tests.models import tiny_bert_wide, tiny_gemma3, tiny_qwen3
 
     dst = tmp_path_factory.mktemp(request.param) / "fp"
-    return tiny_bert_wide(dst, seed=2) if request.param == "bert" else tiny_qwen3(dst, layers=3, seed=2)
+    build = {"bert": lambda: tiny_bert_wide(dst, seed=2), "qwen3": lambda: tiny_qwen3(dst, layers=3, seed=2),
+             "gemma3": lambda: tiny_gemma3(dst, layers=3, seed=2)}  # fmt: skip
+    return build[request.param]()
 
 
 def _texts():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ternop.quant.convert import quantize_checkpoint
-from tests.models import minilm_dir, tiny_bert, tiny_qwen3
+from tests.models import minilm_dir, tiny_bert, tiny_gemma3, tiny_qwen3
 from tests.vllm_plugin._llm import assert_close_embeddings, reference_embed, vllm_embed
 
 pytest.importorskip("vllm")
@@ -29,6 +29,13 @@ def ternary_qwen3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def ternary_gemma3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma3")
+    quantize_checkpoint(tiny_gemma3(root / "fp"), root / "ternary", progress=False)
+    return root / "ternary"
+
+
+@pytest.fixture(scope="module")
 def ternary_minilm(tmp_path_factory):
     dst = tmp_path_factory.mktemp("minilm") / "ternary"
     quantize_checkpoint(minilm_dir(), dst, progress=False)
@@ -47,6 +54,14 @@ def test_tiny_qwen3_embed_matches_hf(ternary_qwen3, eager):
     got, methods = vllm_embed(ternary_qwen3, eager=eager)
     assert methods[0].get("TernaryLinearMethod") == 8  # 2 layers x (qkv, o, gate_up, down)
     assert_close_embeddings(got, reference_embed(ternary_qwen3, "last"))
+
+
+def test_tiny_gemma3_embed_matches_hf(ternary_gemma3):
+    """The body of EmbeddingGemma (sliding and full attention layers, bidirectional, GQA); without a
+    sentence-transformers pooling config vLLM pools its last token."""
+    got, methods = vllm_embed(ternary_gemma3, eager=True)
+    assert methods[0].get("TernaryLinearMethod") == 8  # 2 layers x (qkv, o, gate_up, down)
+    assert_close_embeddings(got, reference_embed(ternary_gemma3, "last"))
 
 
 @pytest.mark.parametrize("eager", MODES)
