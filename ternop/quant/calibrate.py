@@ -243,11 +243,12 @@ def _capture(model, module: nn.Module, batches, stop: bool = True) -> list[torch
     return out
 
 
-def _capture_first_calls(model, modules: dict[str, nn.Module], batches) -> dict[str, list[torch.Tensor]]:
+def _capture_first_calls(model, modules: dict[str, nn.Module], batches, step=None) -> dict[str, list[torch.Tensor]]:
     """Inputs of every module in ``modules`` for each batch, from one pass of the model a batch:
     name -> list of [tokens, K] fp16, real tokens only. As ``_capture`` (which stops the model at
     its one module), a module's first call in a pass counts; each input is copied when the module
-    reads it, so that a later in-place change of that tensor does not reach the copy."""
+    reads it, so that a later in-place change of that tensor does not reach the copy. ``step()``,
+    if given, is called after each batch."""
     out: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
     seen: set[str] = set()
     mask_box = {}
@@ -269,6 +270,8 @@ def _capture_first_calls(model, modules: dict[str, nn.Module], batches) -> dict[
                 mask_box["m"] = batch["attention_mask"]
                 seen.clear()
                 model(**batch)
+                if step is not None:
+                    step()
     finally:
         for h in handles:
             h.remove()
@@ -312,14 +315,18 @@ def calibrate_model(
     device = next(model.parameters()).device
     batches = [b.to(device) for b in _batches(tokenizer, texts, seq_len, max_tokens, batch_size)]
     groups = _groups(model, linears, batches[0])
+    found = find_blocks(model, [linears[group[0]] for group in groups])
+    passes = (target == "fp") + (found is not None)
+    record = _bar(passes * len(batches), progress and passes > 0, unit="batch", desc="record")
     fp_inputs = {}
     if target == "fp":
         # One pass of the fp model a batch stores every group's input (fp16 to halve the memory).
-        fp_inputs = _capture_first_calls(model, {group[0]: linears[group[0]] for group in groups}, batches)
+        fp_inputs = _capture_first_calls(model, {group[0]: linears[group[0]] for group in groups}, batches,
+                                         step=record.update)  # fmt: skip
     # Each group's input with the layers before it ternary: from the group's block alone where the
     # model replays block by block exactly (ternop.quant.replay), else from a pass up to the group.
-    found = find_blocks(model, [linears[group[0]] for group in groups])
-    replay = BlockReplay.build(model, found[0], batches) if found is not None else None
+    replay = BlockReplay.build(model, found[0], batches, step=record.update) if found is not None else None
+    record.close()
     results = {}
     bar = _bar(sum(len(g) for g in groups), progress)
     for index, group in enumerate(groups):
@@ -363,7 +370,7 @@ def to_packed(values: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, 
     return pack_codes(values_to_codes(values)), scale.to(SCALE_DTYPE).contiguous()
 
 
-def _bar(total: int, enabled: bool):
+def _bar(total: int, enabled: bool, unit: str = "layer", desc: str = "calibrate"):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="layer", desc="calibrate", file=sys.stderr, disable=not enabled)
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=not enabled)

@@ -54,10 +54,11 @@ class BlockReplay:
         self.current = 0
 
     @classmethod
-    def build(cls, model: nn.Module, blocks: nn.ModuleList, batches) -> BlockReplay | None:
-        """Records every block's call in one pass of ``model`` a batch; None where the blocks do
-        not take their hidden state as the first positional argument, or where replaying the
-        first batch through every block does not give the last block's output exactly."""
+    def build(cls, model: nn.Module, blocks: nn.ModuleList, batches, step=None) -> BlockReplay | None:
+        """Records every block's call in one pass of ``model`` a batch (``step()``, if given, is
+        called after each); None where the blocks do not take their hidden state as the first
+        positional argument, or where replaying the first batch through every block does not give
+        the last block's output exactly."""
         n = len(blocks)
         calls = [[None] * n for _ in batches]  # [batch][block] -> (args after the hidden state, kwargs)
         hidden, last = [], []
@@ -89,6 +90,8 @@ class BlockReplay:
                 for b, batch in enumerate(batches):
                     box["b"] = b
                     model(**batch)
+                    if step is not None:
+                        step()
         finally:
             for h in handles:
                 h.remove()

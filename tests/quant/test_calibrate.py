@@ -121,7 +121,8 @@ def test_quantize_cli_calibrated_writes_v1(tiny_fp, tmp_path, capsys):
     calib.write_text("\n".join(_texts()) + "\n")
     dst = tmp_path / "cal"
     assert main(["quantize", str(tiny_fp), str(dst), "--method", "calibrated", "--calib", str(calib), "--quiet"]) == 0
-    assert "calibrate" not in capsys.readouterr().err  # --quiet silences the calibration's bar too
+    err = capsys.readouterr().err
+    assert "calibrate" not in err and "record" not in err  # --quiet silences the calibration's bars too
     assert read_quant_config(dst)["quant_method"] == "ternary"
     layers = load_ternary_layers(dst)
     assert len(layers) == 12
@@ -250,3 +251,16 @@ def test_one_pass_capture_copies_inputs_changed_in_place_later():
                                          [{"input_ids": x, "attention_mask": mask}])  # fmt: skip
     assert len(got["first"]) == 1 and len(got["second"]) == 1
     torch.testing.assert_close(got["first"][0], x[mask.bool()].half(), rtol=0, atol=0)
+
+
+def test_calibration_shows_its_recording_passes_and_its_layers(tiny_fp, capsys):
+    """The passes that record the fp inputs and the blocks' calls come before the first layer is
+    done; on a large model they take minutes, so they have a bar of their own."""
+    from ternop.hf import load_model, load_tokenizer
+
+    model, tok = load_model(tiny_fp), load_tokenizer(tiny_fp)
+    calibrate.calibrate_model(model, tok, _texts()[:16], max_tokens=256, batch_size=8)
+    err = capsys.readouterr().err
+    batches = len(calibrate._batches(tok, _texts()[:16], 128, 256, 8))
+    assert "record: 100%" in err and f"{2 * batches}/{2 * batches}" in err
+    assert "calibrate: 100%" in err and "12/12" in err
