@@ -97,10 +97,15 @@ def tiny_qwen3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, he
                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                          intermediate_size=intermediate, max_position_embeddings=128,
                          tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)  # fmt: skip
-    model = Qwen3Model(config).eval()
-    # Random init gives tiny std; scale up so that the ternary error is visible, not drowned by the norms.
+    return _save_scaled(Qwen3Model(config), dst)
+
+
+def _save_scaled(model, dst: Path) -> Path:
+    """Saves ``model`` with every matrix drawn from N(0, 0.05): random init gives a tiny std, and
+    scaled up the ternary error is visible, not drowned by the norms."""
+    model.eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.05)
     model.save_pretrained(str(dst), safe_serialization=True)
@@ -126,13 +131,7 @@ def tiny_gemma3(dst: str | os.PathLike, *, hidden: int = 256, layers: int = 2, h
                               layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
                               use_bidirectional_attention=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)  # fmt: skip
     config.architectures = ["Gemma3TextModel"]
-    model = Gemma3TextModel(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.05)
-    model.save_pretrained(str(dst), safe_serialization=True)
-    return dst
+    return _save_scaled(Gemma3TextModel(config), dst)
 
 
 def qwen3_medium(dst: str | os.PathLike, *, seed: int = 0) -> Path:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ternop.format import BLOCK_SIZE, SCALE_DTYPE, pack_codes, values_to_codes
-from ternop.quant.replay import BlockReplay, find_blocks
+from ternop.quant.replay import BlockReplay, find_blocks, run_batches
 from ternop.quantize import quantize_to_values
 from ternop.selection import select_linears
 
@@ -264,17 +264,12 @@ def _capture_first_calls(model, modules: dict[str, nn.Module], batches, step=Non
             out[name].append(x.to(torch.float16, copy=True))
 
         handles.append(module.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                mask_box["m"] = batch["attention_mask"]
-                seen.clear()
-                model(**batch)
-                if step is not None:
-                    step()
-    finally:
-        for h in handles:
-            h.remove()
+
+    def before(b, batch):
+        mask_box["m"] = batch["attention_mask"]
+        seen.clear()
+
+    run_batches(model, batches, handles, before, step)
     return out
 
 

@@ -28,6 +28,21 @@ def _hidden(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def run_batches(model: nn.Module, batches, handles: list, before, step=None) -> None:
+    """One pass of ``model`` a batch without gradients, ``before(index, batch)`` ahead of each and
+    ``step()`` (if given) after it; the hooks in ``handles`` are removed at the end, even on error."""
+    try:
+        with torch.no_grad():
+            for b, batch in enumerate(batches):
+                before(b, batch)
+                model(**batch)
+                if step is not None:
+                    step()
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def find_blocks(model: nn.Module, firsts: list[nn.Module]) -> tuple[nn.ModuleList, list[int]] | None:
     """The outermost ``nn.ModuleList`` of two or more blocks whose blocks hold every module in
     ``firsts`` (in execution order), with the block index of each, non-decreasing; None if none."""
@@ -85,16 +100,7 @@ class BlockReplay:
         for i, block in enumerate(blocks):
             handles.append(block.register_forward_pre_hook(lambda m, a, k, i=i: pre(m, a, k, i), with_kwargs=True))
         handles.append(blocks[n - 1].register_forward_hook(post))
-        try:
-            with torch.no_grad():
-                for b, batch in enumerate(batches):
-                    box["b"] = b
-                    model(**batch)
-                    if step is not None:
-                        step()
-        finally:
-            for h in handles:
-                h.remove()
+        run_batches(model, batches, handles, lambda b, batch: box.update(b=b), step)
         if len(hidden) != len(batches) or not last or any(c is None for row in calls for c in row):
             return None
         replay = cls(blocks, hidden, calls, [batch["attention_mask"] for batch in batches])
