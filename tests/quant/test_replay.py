@@ -129,3 +129,12 @@ def test_replay_captures_and_advances_like_the_model():
         out = [stack(**b).reshape(-1, 128) for b in batches]
     for h, want in zip(rep.hidden, out):
         assert torch.equal(h.reshape(-1, 128), want)
+
+
+def test_a_layer_the_block_does_not_reach_gives_no_input():
+    """As a whole pass that never calls a layer (an expert no token was routed to) captures nothing."""
+    stack = _Stack()
+    batches = _stack_batches()
+    rep = replay.BlockReplay.build(stack, stack.blocks, batches)
+    assert rep.capture(stack.blocks[1].up) == [] == calibrate._capture(stack, torch.nn.Linear(128, 128), batches)
+    assert rep.current == 0 and len(rep.capture(stack.blocks[0].up)) == 2
