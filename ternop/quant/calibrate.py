@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 import torch
 from torch import nn
 
 from ternop.format import BLOCK_SIZE, SCALE_DTYPE, pack_codes, values_to_codes
-from ternop.quant.replay import BlockReplay, find_blocks, run_batches
+from ternop.quant.replay import BlockReplay, capture_inputs, find_blocks, real_tokens, run_batches
 from ternop.quantize import quantize_to_values
 from ternop.selection import select_linears
 
@@ -166,10 +167,6 @@ def ternarize_layer(
 # --------------------------------------------------------------------------- whole models
 
 
-class _Stop(Exception):
-    pass
-
-
 def _batches(tokenizer, texts, seq_len: int, max_tokens: int, batch_size: int):
     """Tokenised batches (dicts of tensors) holding at most ``max_tokens`` real tokens."""
     out, total = [], 0
@@ -218,29 +215,10 @@ def _groups(model, linears: dict[str, nn.Linear], batch) -> list[list[str]]:
     return groups
 
 
-def _capture(model, module: nn.Module, batches, stop: bool = True) -> list[torch.Tensor]:
-    """Inputs of ``module`` for each batch, real tokens only: list of [tokens, K] fp32."""
-    out = []
-    mask_box = {}
-
-    def hook(mod, args):
-        x = args[0].detach()
-        out.append(x[mask_box["m"].bool()].float() if x.dim() == 3 else x.float())
-        if stop:
-            raise _Stop
-
-    handle = module.register_forward_pre_hook(hook)
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                mask_box["m"] = batch["attention_mask"]
-                try:
-                    model(**batch)
-                except _Stop:
-                    pass
-    finally:
-        handle.remove()
-    return out
+def _capture(model, module: nn.Module, batches) -> list[torch.Tensor]:
+    """Inputs of ``module`` for each batch, real tokens only: list of [tokens, K] fp32 (the model
+    run up to the module's first call)."""
+    return capture_inputs(module, [(batch["attention_mask"], partial(model, **batch)) for batch in batches])
 
 
 def _capture_first_calls(model, modules: dict[str, nn.Module], batches, step=None) -> dict[str, list[torch.Tensor]]:
@@ -259,9 +237,7 @@ def _capture_first_calls(model, modules: dict[str, nn.Module], batches, step=Non
             if name in seen:
                 return
             seen.add(name)
-            x = args[0].detach()
-            x = x[mask_box["m"].bool()] if x.dim() == 3 else x
-            out[name].append(x.to(torch.float16, copy=True))
+            out[name].append(real_tokens(args[0].detach(), mask_box["m"]).to(torch.float16, copy=True))
 
         handles.append(module.register_forward_pre_hook(hook))
 

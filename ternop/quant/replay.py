@@ -15,6 +15,8 @@ gave. Elsewhere the caller runs the whole model as before.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -26,6 +28,37 @@ class _Stop(Exception):
 def _hidden(out):
     """A block's output hidden state: the tensor itself or the first item of a tuple."""
     return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def real_tokens(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A layer input's rows of real tokens: x [batch, seq, K] at the attention mask's ones, or x
+    itself where it is already [tokens, K]."""
+    return x[mask.bool()] if x.dim() == 3 else x
+
+
+def capture_inputs(module: nn.Module, runs) -> list[torch.Tensor]:
+    """``module``'s input in each of ``runs`` (pairs of an attention mask and a function that runs
+    the model, or a block, on that batch), without gradients: [tokens, K] fp32, real tokens only.
+    Each run stops where the module is first called; a run that never calls it gives nothing."""
+    out = []
+    box = {}
+
+    def hook(mod, args):
+        out.append(real_tokens(args[0].detach(), box["m"]).float())
+        raise _Stop
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            for mask, run in runs:
+                box["m"] = mask
+                try:
+                    run()
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    return out
 
 
 def run_batches(model: nn.Module, batches, handles: list, before, step=None) -> None:
@@ -117,26 +150,8 @@ class BlockReplay:
     def capture(self, module: nn.Module) -> list[torch.Tensor]:
         """``module``'s input (it must lie in the current block) for each batch that reaches it:
         [tokens, K] fp32, real tokens only, as ``calibrate._capture`` gives it from a whole pass."""
-        out = []
-        box = {}
-
-        def hook(mod, args):
-            x = args[0].detach()
-            out.append(x[box["m"].bool()].float() if x.dim() == 3 else x.float())
-            raise _Stop
-
-        handle = module.register_forward_pre_hook(hook)
-        try:
-            with torch.no_grad():
-                for b, h in enumerate(self.hidden):
-                    box["m"] = self.masks[b]
-                    try:
-                        self._run(self.current, b, h)
-                    except _Stop:
-                        pass
-        finally:
-            handle.remove()
-        return out
+        runs = [(self.masks[b], partial(self._run, self.current, b, h)) for b, h in enumerate(self.hidden)]
+        return capture_inputs(module, runs)
 
     def advance(self) -> None:
         """Runs the current block on every batch and makes the next block current."""
