@@ -5,9 +5,10 @@ and scored by ``ternop eval`` (vLLM, fp32 activations) against the fp model on e
 ``ternop.cli.evaldata.suite()``: Lee-50 and wiki retrieval (visible), the held-out split, and the
 cosine to the fp embeddings. The calibration text is quality_minilm.py's.
 
-    python benchmarks/quality_embedder.py --model DIR --name embeddinggemma-300m --work WORK
+    python benchmarks/quality_embedder.py --model DIR --name embeddinggemma-300m --work WORK [--force]
 
-Writes benchmarks/results/cpu/quality_<name>.json.
+Writes benchmarks/results/cpu/quality_<name>.json, and each row's checkpoint and report in WORK
+(row0, row0.json, ...); refuses to replace any of them that already exist unless given ``--force``.
 """
 
 from __future__ import annotations
@@ -67,11 +68,18 @@ def main() -> int:
     p.add_argument("--work", required=True, help="folder for the checkpoints and the eval reports")
     p.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS), metavar="NAME")
     p.add_argument("--out", help="default: benchmarks/results/cpu/quality_<name>.json")
+    p.add_argument("--force", action="store_true", help="replace the checkpoints, reports and --out if they exist")
     args = p.parse_args()
+    out = Path(args.out or HERE / "results" / "cpu" / f"quality_{args.name}.json")
+    work = Path(args.work)
+    made = [q for i in range(len(args.rows)) for q in (work / f"row{i}", work / f"row{i}.json")]
+    existing = [str(q) for q in (*made, out) if q.exists()]
+    if existing and not args.force:
+        p.error(f"{', '.join(existing)} already exist(s); pass --force to replace")
 
     from ternop.quant.artifact import sha256_of
 
-    base, work = Path(args.model), Path(args.work)
+    base = Path(args.model)
     work.mkdir(parents=True, exist_ok=True)
     calib = write_calibration_text(work / "calib.txt")
     commit = git_commit()
@@ -109,7 +117,6 @@ def main() -> int:
         "rows": rows,
         "table_markdown": table,
     }
-    out = Path(args.out or HERE / "results" / "cpu" / f"quality_{args.name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n" + table)
