@@ -161,6 +161,39 @@ def takes_shared_x(m: int, k: int, sets: int, a16: bool) -> bool:
     return a16 and m <= 8 and sets >= 2 and m * xs_stride(k) * 16 <= XS_MAX_BYTES
 
 
+RING_TOKEN_CHUNKS = _const(_MMA_SRC, "kRingTokenChunks")
+
+
+def takes_x_ring(m: int, n: int, k: int, a16: bool) -> bool:
+    """launch_t's rule for the x ring (takes_x_ring): the two-tile a16 kernel, except on layers with
+    N <= K and at least 2^24 weights."""
+    return a16 and m > 8 and not (n <= k and n * k >= 1 << 24)
+
+
+def ring_copy(slots: np.ndarray, x_words: np.ndarray, b_begin: int, j: int, slot: int) -> None:
+    """ring_copy(j, slot): lane l copies chunk r = l % 16 of block b_begin + j for tokens l / 16,
+    l / 16 + 2, ... into slot * M * 20 + m * 20 + (r & 3) * 4 + (r >> 2)."""
+    M = x_words.shape[0]
+    for lane in range(32):
+        rk, rm = lane & 15, lane >> 4
+        for m in range(rm, M, 2):
+            c = (b_begin + j) * 16 + rk  # chunk of token m's row
+            slots[(slot * M + m) * RING_TOKEN_CHUNKS + (rk & 3) * 4 + (rk >> 2)] = x_words[m, 4 * c : 4 * c + 4]
+
+
+def ring_index(g: np.ndarray, q: np.ndarray, M: int, t: int, u: int, i: int) -> np.ndarray:
+    """The chunk a lane reads from slot u for tile t, mma steps (i, i + 4): (u * M + 8t + g) * 20 + 4i + q."""
+    return (u * M + t * 8 + g) * RING_TOKEN_CHUNKS + 4 * i + q
+
+
+def ring_read(slots: np.ndarray, g: np.ndarray, q: np.ndarray, M: int, t: int, u: int) -> np.ndarray:
+    """Tile t's 16 registers from slot u; the lanes of tokens past M read nothing (zeros)."""
+    m = t * 8 + g
+    idx = [np.where(m < M, ring_index(g, q, M, t, u, i), 0) for i in range(4)]
+    v = np.concatenate([slots[ix] for ix in idx], axis=1)
+    return np.where((m < M)[:, None], v, U32(0))
+
+
 def copy_x_to_shared(x_words: np.ndarray) -> np.ndarray:
     """The kSmemX copy: chunk c (16 bytes, words 4c..4c+3) of token m at
     m * xs_stride(K) + (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3). Unwritten chunks hold NaN bits."""
@@ -179,8 +212,9 @@ def shared_x_index(g: np.ndarray, q: np.ndarray, M: int, k: int, blk: int, i: in
     return np.where(g < M, g, (g & 1) if M > 1 else 0) * xs_stride(k) + blk * 16 + 4 * i + q
 
 
-def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs=None):
-    """One scale block of one warp: 8 mma steps into C per n8 tile, then acc += C * scale."""
+def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs=None, xring=None):
+    """One scale block of one warp: 8 mma steps into C per n8 tile, then acc += C * scale.
+    x from shared memory (xs), from the ring (xring: the registers read from it), or global memory."""
     lanes = np.arange(32)
     sa = ws[r0, blk].astype(np.float32)
     sb = ws[r1, blk].astype(np.float32)
@@ -188,6 +222,8 @@ def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs=No
     if xs is not None:  # one tile: four 16-byte chunks from shared memory
         k = 2 * x_words.shape[1]
         xv.append(np.concatenate([xs[shared_x_index(g, q, M, k, blk, i)] for i in range(4)], axis=1))
+    elif xring is not None:
+        xv.extend(xring)
     else:
         for t in range(NT):
             m = t * 8 + g
@@ -216,8 +252,9 @@ def _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs=No
 
 
 def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray | None, dtype: str,
-           a16: bool = False, row_groups: int = -1) -> np.ndarray:
-    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4] (v1, or a16), ws fp16 [N, K/128]."""
+           a16: bool = False, row_groups: int = -1, x_ring: bool | None = None) -> np.ndarray:
+    """Replays launch_ternary_mma: x_bits uint16 [M, K], wp uint8 [N, K/4] (v1, or a16), ws fp16 [N, K/128].
+    x_ring: whether the two-tile a16 kernel reads x through the ring; None takes the launcher's rule."""
     M, K = x_bits.shape
     N = wp.shape[0]
     NT = 1 if M <= 8 else 2
@@ -226,6 +263,7 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
     per_warp = (blocks + warps - 1) // warps
     x_words = np.ascontiguousarray(x_bits).view(U32)  # [M, K/2]: little-endian pairs of halves
     xs = copy_x_to_shared(x_words) if takes_shared_x(M, K, sets, a16) else None
+    use_ring = takes_x_ring(M, N, K, a16) if x_ring is None else (x_ring and a16 and NT == 2)
     w_bytes = np.ascontiguousarray(wp)
     out = np.full((M, N), np.nan, np.float32)
     lanes = np.arange(32)
@@ -246,6 +284,10 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
 
             # The kernel's ring of DEPTH prefetched blocks; `base` is where its pointers stand.
             ring = [(words(r0, b_begin + u), words(r1, b_begin + u), b_begin + u) for u in range(min(DEPTH, count))]
+            if use_ring:  # this warp's DEPTH slots of x, NaN bits until written
+                slots = np.full((DEPTH * M * RING_TOKEN_CHUNKS, 4), 0xFFFFFFFF, U32)
+                for u in range(min(DEPTH, count)):
+                    ring_copy(slots, x_words, b_begin, u, u)
             base, left = b_begin, count
             while left > 0:
                 for u in range(DEPTH):
@@ -255,7 +297,12 @@ def kernel(x_bits: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray 
                     assert blk == base + u
                     if u + DEPTH < left:
                         ring[u] = (words(r0, base + u + DEPTH), words(r1, base + u + DEPTH), base + u + DEPTH)
-                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs)
+                    xring = None
+                    if use_ring:  # read slot u, then refill it with the block DEPTH ahead
+                        xring = [ring_read(slots, g, q, M, t, u) for t in range(NT)]
+                        if u + DEPTH < left:
+                            ring_copy(slots, x_words, b_begin, count - left + u + DEPTH, u)
+                    acc = _block(acc, wa, wb, ws, r0, r1, blk, x_words, g, q, M, NT, dtype, a16, xs, xring)
                 base += DEPTH
                 left -= DEPTH
             accs.append(acc)
@@ -390,6 +437,49 @@ def test_shared_x_is_taken_where_the_launcher_takes_it():
     assert not takes_shared_x(1, 4096, 1, True)  # one set: nothing to share
     assert takes_shared_x(1, 4096, 4, True) and takes_shared_x(4, 4096, 2, True)
     assert not takes_shared_x(8, 4096, 2, True)  # 66 KB of x
+
+
+@pytest.mark.parametrize("x_ring", [False, True])
+@pytest.mark.parametrize("m,k,n,row_groups", [(9, 256, 24, -1), (16, 1024, 40, 4), (12, 2176, 33, 1), (16, 640, 16, 2)])
+def test_two_tile_a16_mapping_with_and_without_the_x_ring_equals_x_wt(m, k, n, row_groups, x_ring):
+    """Both x sources of the two-tile a16 kernel: the ring's copies and reads (slots, chunk order,
+    tokens past M, odd block counts a warp, ragged N) and the loads from global memory, which the
+    launcher keeps for layers too large to replay here."""
+    x, packed, scale, bias = _inputs(m, k, n, "bf16", seed=m * 1000 + k + n + 7)
+    x_bits = float_to_bits(x.numpy(), "bf16")
+    wp = layouts.repack(packed, "a16").numpy()
+    y = kernel(x_bits, wp, scale.numpy(), bias.numpy(), "bf16", a16=True, row_groups=row_groups, x_ring=x_ring)
+    ref = (x.double() @ dequantize(packed, scale, torch.float64).T + bias.double()).numpy()
+    assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]
+
+
+def test_x_ring_is_taken_where_the_launcher_takes_it():
+    """The replays above with M > 8 and the a16 layout run the ring by the rule; the rule keeps to
+    two tiles and the a16 layout, and leaves out the layers where it measured no faster."""
+    assert takes_x_ring(9, 24, 256, True) and takes_x_ring(12, 33, 640, True) and takes_x_ring(16, 16, 1024, True)
+    assert not takes_x_ring(8, 4096, 1024, True)  # one tile
+    assert not takes_x_ring(16, 4096, 1024, False)  # v1
+    for k, n in [(1024, 4096), (1024, 6144), (2048, 1024), (3072, 1024), (4096, 14336), (4096, 28672)]:
+        assert takes_x_ring(16, n, k, True), (k, n)
+    assert not takes_x_ring(16, 4096, 4096, True) and not takes_x_ring(12, 4096, 14336, True)
+
+
+@pytest.mark.parametrize("m", [9, 12, 16])
+def test_x_ring_reads_are_free_of_bank_conflicts(m):
+    """The tokens of a slot are 20 chunks (320 bytes) apart: the two tokens one quarter-warp reads
+    fall in different halves of the banks, for both tiles and both slots."""
+    lanes = np.arange(32)
+    g, q = lanes // 4, lanes % 4
+    for t in range(2):
+        for u in range(DEPTH):
+            for i in range(4):
+                live = t * 8 + g < m  # lanes past M read nothing
+                byte = ring_index(g, q, m, t, u, i) * 16
+                for quarter in range(4):
+                    sel = slice(8 * quarter, 8 * quarter + 8)
+                    chunks = sorted(set(byte[sel][live[sel]].tolist()))
+                    banks = [(c // 4 + j) % 32 for c in chunks for j in range(4)]
+                    assert len(banks) == len(set(banks)), (m, t, u, i, quarter, chunks)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 8])

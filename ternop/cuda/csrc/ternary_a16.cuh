@@ -1,5 +1,6 @@
 // What the tensor-core kernels of the "a16" layout (ternop/layouts.py) share: decoding a pair
-// of weights into x's dtype and scaling it, cp.async staging, and the split-K reduction.
+// of weights into x's dtype and scaling it, and the split-K reduction (cp.async is in
+// ternary_common.cuh).
 // ternary_mma_tiles.cu (mma.sync) and ternary_wgmma.cu (wgmma, Hopper) include it; the
 // decoding is explained at the top of ternary_mma_tiles.cu.
 
@@ -40,29 +41,6 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, uint32_t magic
   const uint32_t bias = Pair16<T>::kBias;
   P d = __hsub2(*reinterpret_cast<const P*>(&r), *reinterpret_cast<const P*>(&bias));
   return *reinterpret_cast<uint32_t*>(&d);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-#endif
 }
 
 // The block's scale of one row as a pair of T (the same value twice), to multiply a decoded pair.

@@ -1,5 +1,5 @@
 // What the CUDA kernels of format v1 share: x's dtype codes, conversions to and from the fp32
-// accumulator, the launchers' argument check and their dispatch on x's dtype.
+// accumulator, cp.async, the launchers' argument check and their dispatch on x's dtype.
 //
 // Like the kernels it holds no torch headers, so each .cu still compiles alone (CI runs nvcc
 // on each). Everything is in an anonymous namespace: each kernel file gets its own copy.
@@ -39,6 +39,37 @@ struct Fp<float> {
   __device__ __forceinline__ static float from_float(float f) { return f; }
   __device__ __forceinline__ static float to_float(float h) { return h; }
 };
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes from global to shared memory without the registers, cached in L2 only.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#endif
+}
+
+// The same, cached in L1 too: for data that other warps of the SM read again.
+__device__ __forceinline__ void cp_async16_l1(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
 
 // 1 <= M <= max_m, N >= 1, K a positive multiple of 128 (one scale block).
 inline bool valid_shape(int M, int max_m, int N, int K) {

@@ -49,6 +49,11 @@
 // one to share with and its wait before the loop is not hidden: on an H100 it made
 // 4096->4096 and 14336->4096 3-5% slower at M = 1 (20% at M = 4), while the R >= 2 layers
 // 4096->14336 and 4096->28672 got 6-8% faster (results/h100/sweep_mma_xsmem_*).
+//
+// x through a per-warp ring (kXRing). With two token tiles (M = 9..16) each warp instead copies
+// the x of its next D blocks by cp.async into slots of its own in shared memory, and reads the
+// current block from there: x's loads are issued D blocks ahead, as the weights' are, without
+// holding registers. Taken where it measured faster (takes_x_ring, below).
 
 #include <type_traits>
 
@@ -224,13 +229,28 @@ __host__ __device__ constexpr int xs_stride(int K) { return K / 8 + 4; }
 __host__ __device__ constexpr int xs_chunk(int c) { return (c >> 4) * 16 + (c & 3) * 4 + ((c >> 2) & 3); }
 constexpr size_t kMaxXSmemBytes = 40 * 1024;  // with `red`, under the 48 KB a launch gets unasked
 
-template <typename T, int NT, bool kA16, int D, bool kSmemX = false>
+// kXRing: each warp copies the x of its next D blocks by cp.async into D slots of its own in
+// shared memory and reads the current block from there, so x's loads are in flight as long as
+// the weights' and hold no registers ahead. A slot is M tokens of kRingTokenChunks 16-byte chunks:
+// the 16 of the block in xs_chunk's order, then 64 bytes of padding, so that two tokens fall in
+// different banks. Lane l copies chunk l % 16 of tokens l / 16, l / 16 + 2, ...
+constexpr int kRingTokenChunks = 20;
+__host__ __device__ constexpr size_t ring_bytes(int warps_per_cta, int D, int M) {
+  return static_cast<size_t>(warps_per_cta) * D * M * kRingTokenChunks * 16;
+}
+
+// Where the kernel reads x from.
+enum XSource : int { kXGlobal = 0, kXShared = 1, kXRing = 2 };
+
+template <typename T, int NT, bool kA16, int D, int kX = kXGlobal>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int warps_log2) {
   __shared__ float red[kMaxWarps - 1][NT * 4][32];
-  extern __shared__ uint4 xs[];  // kSmemX only
+  extern __shared__ uint4 xs[];  // kXShared: the whole x; kXRing: the warps' slots
+  constexpr bool kSmemX = kX == kXShared, kRing = kX == kXRing;
   static_assert(!kSmemX || (kA16 && NT == 1), "x in shared memory: the one-tile a16 kernel only");
+  static_assert(!kRing || (kA16 && NT == 2), "the x ring: the two-tile a16 kernel only");
 
   // 2^warps_log2 warps (warps_k of the split) per set of 16 rows; blockDim.x / 32 / warps sets.
   const int warps = 1 << warps_log2;
@@ -295,6 +315,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     // so that the pair g = 2p, 2p + 1 that one quarter-warp serves stays conflict-free at odd M.
     xo = (g < M ? g : (M > 1 ? g & 1 : 0)) * xs_stride(K) + b_begin * 16 + q;
   }
+  // kRing: this warp's slots, and where this lane's copies of block b_begin start.
+  uint4* const ring = xs + static_cast<size_t>(threadIdx.x >> 5) * D * M * kRingTokenChunks;
+  const int rk = lane & 15, rm = lane >> 4;
+  const T* const ring_src = x + static_cast<size_t>(rm) * K + b_begin * 128 + rk * 8;
+  uint4* const ring_dst = ring + rm * kRingTokenChunks + (rk & 3) * 4 + (rk >> 2);
+  auto ring_copy = [&](int j, int slot) {  // block b_begin + j into `slot`
+    const T* src = ring_src + j * 128;
+    uint4* dst = ring_dst + slot * M * kRingTokenChunks;
+    for (int m = rm; m < M; m += 2, src += 2 * static_cast<size_t>(K), dst += 2 * kRingTokenChunks)
+      cp_async16_l1(smem_addr(dst), src);
+  };
+  if constexpr (kRing) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      if (u < count) ring_copy(u, u);
+      cp_async_commit();  // one group a slot, empty or not, so that wait_group counts slots
+    }
+  }
 
   for (int left = count; left > 0; left -= D) {
 #pragma unroll
@@ -310,7 +348,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
       }
 
       uint32_t xv[NT][16];
-      if constexpr (kSmemX) {
+      if constexpr (kRing) {
+        cp_async_wait<D - 1>();  // slot u holds block count - left + u (this lane's copies)
+        __syncwarp();            // and every other lane's
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const uint4* src = ring + (u * M + t * 8 + g) * kRingTokenChunks + q;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (x_mine[t]) v = src[4 * i];
+            xv[t][4 * i] = v.x, xv[t][4 * i + 1] = v.y, xv[t][4 * i + 2] = v.z, xv[t][4 * i + 3] = v.w;
+          }
+        }
+        __syncwarp();  // every lane has read slot u before it is refilled
+        if (u + D < left) ring_copy(count - left + u + D, u);
+        cp_async_commit();
+      } else if constexpr (kSmemX) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint4 v = xs[xo + 16 * u + 4 * i];
@@ -374,6 +428,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
     }
 }
 
+// Whether the two-tile a16 kernel reads x through the ring (kXRing). On an H100 it took 0.89-0.97x
+// of the time without it at M = 12 and 16 on the layers with N > K or under 2^24 weights
+// (1024->4096, 1024->6144, 2048->1024, 3072->1024, 4096->14336, 4096->28672) and 1.00-1.03x on
+// 4096->4096 and 14336->4096 (results/h100/sweep_mma_ring{off,on}_*_97cf270.json, where every a16
+// kernel took it; with one tile it cost up to 12% at M <= 5, so M <= 8 never takes it).
+inline bool takes_x_ring(int M, int N, int K) {
+  return M > 8 && !(N <= K && static_cast<int64_t>(N) * K >= (int64_t{1} << 24));
+}
+
 template <typename T, bool kA16>
 cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
                      int K, SmallMSplit split, bool deep, cudaStream_t stream) {
@@ -387,9 +450,18 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
     const size_t xs_bytes = static_cast<size_t>(M) * xs_stride(K) * sizeof(uint4);
     if (M <= 8 && split.groups >= 2 && xs_bytes <= kMaxXSmemBytes) {  // x in shared memory
       if (deep)
-        ternary_mma_kernel<T, 1, true, kDeepDepth, true><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+        ternary_mma_kernel<T, 1, true, kDeepDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
       else
-        ternary_mma_kernel<T, 1, true, kDepth, true><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+        ternary_mma_kernel<T, 1, true, kDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+      return cudaGetLastError();
+    }
+    if (!deep && takes_x_ring(M, N, K)) {
+      auto kernel = ternary_mma_kernel<T, 2, true, kDepth, kXRing>;
+      const size_t bytes = ring_bytes(static_cast<int>(block.x / 32), kDepth, M);
+      // Past the 48 KB a launch may take unasked; set on every launch (cheap, and per device).
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      if (err != cudaSuccess) return err;
+      kernel<<<grid, block, bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
       return cudaGetLastError();
     }
   }
