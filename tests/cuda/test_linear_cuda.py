@@ -407,6 +407,25 @@ def test_small_m_kernel_reads_x_from_shared_memory_to_the_same_bits():
             _check(torch.ops.ternop.linear_cuda_mma(x, layouts.repack(v1, "a16"), scale, None, True, row_groups), x, v1, scale)
 
 
+def test_two_tile_kernel_reads_x_through_its_ring_to_the_same_bits():
+    """At M = 9..16 the a16 kernel at the default depth reads x through its per-warp ring
+    (ternary_mma.cu, takes_x_ring) on these layers; at depth 4 it reads x from global memory. The
+    depth moves only when loads are issued, so both give the same bits: M = 9..16, ragged N, odd
+    block counts a warp, every set count, fp16 and bf16; and the 2x rule against the reference."""
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, k, n in [(9, 384, 200), (12, 2176, 72), (16, 4096, 1160), (13, 14336, 520), (16, 1024, 40)]:
+            v1, scale = _weights(n, k)
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            bias = torch.randn(n, device="cuda", dtype=dtype)
+            _skip_unavailable("cuda_mma", x, v1, scale)
+            a16 = layouts.repack(v1, "a16")
+            for row_groups in (-1, 1, 2, 8):
+                ring = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, 2)
+                from_global = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, 4)
+                assert torch.equal(ring, from_global), (dtype, m, k, n, row_groups)
+            _check(ring, x, v1, scale, bias)
+
+
 def test_small_m_kernels_refuse_a_depth_they_do_not_take():
     v1, scale = _weights(256, 1024)
     x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
