@@ -170,15 +170,26 @@ def takes_x_ring(m: int, n: int, k: int, a16: bool) -> bool:
     return a16 and m > 8 and not (n <= k and n * k >= 1 << 24)
 
 
+def ring_chunk(lane: int) -> int:
+    """The chunk of a block's 16 that lanes lane and lane + 16 copy (ring_chunk)."""
+    return ((lane & 7) >> 1) * 4 + (lane & 1) + ((lane >> 3) & 1) * 2
+
+
+def ring_copy_index(lane: int, m: int, slot: int, M: int) -> int:
+    """Where lane's copy of token m goes: slot * M * 20 + m * 20 + (r & 3) * 4 + (r >> 2), r = ring_chunk(lane % 16)."""
+    rk = ring_chunk(lane & 15)
+    return (slot * M + m) * RING_TOKEN_CHUNKS + (rk & 3) * 4 + (rk >> 2)
+
+
 def ring_copy(slots: np.ndarray, x_words: np.ndarray, b_begin: int, j: int, slot: int) -> None:
-    """ring_copy(j, slot): lane l copies chunk r = l % 16 of block b_begin + j for tokens l / 16,
-    l / 16 + 2, ... into slot * M * 20 + m * 20 + (r & 3) * 4 + (r >> 2)."""
+    """ring_copy(j, slot): lane l copies chunk ring_chunk(l % 16) of block b_begin + j for tokens
+    l / 16, l / 16 + 2, ... (ring_copy_index)."""
     M = x_words.shape[0]
     for lane in range(32):
-        rk, rm = lane & 15, lane >> 4
+        rk, rm = ring_chunk(lane & 15), lane >> 4
         for m in range(rm, M, 2):
             c = (b_begin + j) * 16 + rk  # chunk of token m's row
-            slots[(slot * M + m) * RING_TOKEN_CHUNKS + (rk & 3) * 4 + (rk >> 2)] = x_words[m, 4 * c : 4 * c + 4]
+            slots[ring_copy_index(lane, m, slot, M)] = x_words[m, 4 * c : 4 * c + 4]
 
 
 def ring_index(g: np.ndarray, q: np.ndarray, M: int, t: int, u: int, i: int) -> np.ndarray:
@@ -462,6 +473,19 @@ def test_x_ring_is_taken_where_the_launcher_takes_it():
     for k, n in [(1024, 4096), (1024, 6144), (2048, 1024), (3072, 1024), (4096, 14336), (4096, 28672)]:
         assert takes_x_ring(16, n, k, True), (k, n)
     assert not takes_x_ring(16, 4096, 4096, True) and not takes_x_ring(12, 4096, 14336, True)
+
+
+def test_x_ring_copies_every_chunk_once_and_free_of_bank_conflicts():
+    """The 16 lanes of a token copy the block's 16 chunks, each once; the eight lanes of each
+    quarter-warp write chunks in distinct banks (a 16-byte cp.async is served eight lanes at a time)."""
+    assert sorted(ring_chunk(lane) for lane in range(16)) == list(range(16))
+    for m in (9, 16):
+        for j in range((m + 1) // 2):  # the lanes' j-th copy: tokens 2j (lanes 0..15) and 2j + 1
+            for quarter in range(4):
+                lanes = [lane for lane in range(8 * quarter, 8 * quarter + 8) if 2 * j + (lane >> 4) < m]
+                chunks = [ring_copy_index(lane, 2 * j + (lane >> 4), 1, m) for lane in lanes]
+                banks = [(4 * c + i) % 32 for c in chunks for i in range(4)]
+                assert len(banks) == len(set(banks)), (m, j, quarter, chunks)
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])

@@ -233,8 +233,10 @@ constexpr size_t kMaxXSmemBytes = 40 * 1024;  // with `red`, under the 48 KB a l
 // shared memory and reads the current block from there, so x's loads are in flight as long as
 // the weights' and hold no registers ahead. A slot is M tokens of kRingTokenChunks 16-byte chunks:
 // the 16 of the block in xs_chunk's order, then 64 bytes of padding, so that two tokens fall in
-// different banks. Lane l copies chunk l % 16 of tokens l / 16, l / 16 + 2, ...
+// different banks. Lane l copies chunk ring_chunk(l % 16) of tokens l / 16, l / 16 + 2, ...: the
+// eight lanes of a quarter-warp then write eight chunks that fall in distinct banks.
 constexpr int kRingTokenChunks = 20;
+__host__ __device__ constexpr int ring_chunk(int l) { return ((l & 7) >> 1) * 4 + (l & 1) + ((l >> 3) & 1) * 2; }
 __host__ __device__ constexpr size_t ring_bytes(int warps_per_cta, int D, int M) {
   return static_cast<size_t>(warps_per_cta) * D * M * kRingTokenChunks * 16;
 }
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
   }
   // kRing: this warp's slots, and where this lane's copies of block b_begin start.
   uint4* const ring = xs + static_cast<size_t>(threadIdx.x >> 5) * D * M * kRingTokenChunks;
-  const int rk = lane & 15, rm = lane >> 4;
+  const int rk = ring_chunk(lane & 15), rm = lane >> 4;
   const T* const ring_src = x + static_cast<size_t>(rm) * K + b_begin * 128 + rk * 8;
   uint4* const ring_dst = ring + rm * kRingTokenChunks + (rk & 3) * 4 + (rk >> 2);
   auto ring_copy = [&](int j, int slot) {  // block b_begin + j into `slot`
