@@ -434,7 +434,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
 // of the time without it at M = 12 and 16 on the layers with N > K or under 2^24 weights
 // (1024->4096, 1024->6144, 2048->1024, 3072->1024, 4096->14336, 4096->28672) and 1.00-1.03x on
 // 4096->4096 and 14336->4096 (results/h100/sweep_mma_ring{off,on}_*_97cf270.json, where every a16
-// kernel took it; with one tile it cost up to 12% at M <= 5, so M <= 8 never takes it).
+// kernel took it; with one tile it cost up to 12% at M <= 5, so M <= 8 never takes it). As landed,
+// 0.88-0.99x at M = 9..16 on those six (results/h100/sweep_mma_rule{on,off}_*_52c3c5a.json).
 inline bool takes_x_ring(int M, int N, int K) {
   return M > 8 && !(N <= K && static_cast<int64_t>(N) * K >= (int64_t{1} << 24));
 }
