@@ -120,17 +120,10 @@ def prepare(job: Path, extra: list[str], extra_text: list[Path] = (), force: boo
         for ids in tok(texts[i : i + 4096], truncation=True, max_length=512)["input_ids"]:
             used.update(ids)
     state = load_file(str(src / "model.safetensors"))
-    key, prefix = _table(state)
-    # A tokenizer may know ids past the table (EmbeddingGemma's image token): never looked up here.
-    ids = torch.tensor(sorted(i for i in used if i < state[key].shape[0]), dtype=torch.int32)
-    out = {k: v.half() for k, v in state.items() if k != key and v.is_floating_point()}
-    out.update({k: v for k, v in state.items() if not v.is_floating_point()})
-    rows = state[key][ids.long()]
-    scale = (rows.abs().amax(1) / 127).clamp(min=1e-12)
-    out[key] = torch.round(rows / scale[:, None]).to(torch.int8).contiguous()
-    out[prefix + SCALES] = scale.half()
-    out[prefix + IDS] = ids
-    save_file(out, str(model / "model.safetensors"), metadata={"full_rows": str(state[key].shape[0])})
+    out, metadata = shrink(state, used)
+    save_file(out, str(model / "model.safetensors"), metadata=metadata)
+    key, prefix = _table(out)
+    ids, rows_total = out[prefix + IDS], int(metadata["full_rows"])
     with lzma.open(job / "train.txt.xz", "wt", encoding="utf-8") as f:
         f.write("\n".join(texts) + "\n")
     cmd = (f"python3 benchmarks/quality_minilm_gpu.py device {job.name} \"$OUT\" {DEFAULT_TAG} -- {' '.join(extra)}")
@@ -138,8 +131,36 @@ def prepare(job: Path, extra: list[str], extra_text: list[Path] = (), force: boo
     files = sorted(p for p in job.rglob("*") if p.is_file() and p.name not in ("MANIFEST.json", "COMMAND.txt"))
     (job / "MANIFEST.json").write_text(json.dumps({str(p.relative_to(job)): _sha(p) for p in files}, indent=1))
     size = sum(p.stat().st_size for p in files)
-    print(f"{job}: {len(texts)} training texts, {len(ids)} of {state[key].shape[0]} embedding rows, "
+    print(f"{job}: {len(texts)} training texts, {len(ids)} of {rows_total} embedding rows, "
           f"{size / 2**20:.1f} MiB in all")
+
+
+def shrink(state: dict[str, torch.Tensor], used) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, safetensors metadata) of the job's model: floats in fp16; of the token table only
+    the rows of the ids in ``used``, in int8 with an fp16 scale per row (absmax), beside their ids."""
+    key, prefix = _table(state)
+    # A tokenizer may know ids past the table (EmbeddingGemma's image token): never looked up here.
+    ids = torch.tensor(sorted(i for i in used if i < state[key].shape[0]), dtype=torch.int32)
+    out = {k: v.half() for k, v in state.items() if k != key and v.is_floating_point()}
+    out.update({k: v for k, v in state.items() if not v.is_floating_point()})
+    rows = state[key][ids.long()].float()
+    scale = (rows.abs().amax(1) / 127).clamp(min=1e-12)
+    out[key] = torch.round(rows / scale[:, None]).to(torch.int8).contiguous()
+    out[prefix + SCALES] = scale.half()
+    out[prefix + IDS] = ids
+    return out, {"full_rows": str(state[key].shape[0])}
+
+
+def unshrink(out: dict[str, torch.Tensor], metadata: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The fp32 tensors again from :func:`shrink`'s: the table's other rows are zero."""
+    state = dict(out)
+    key, prefix = _table(state)
+    ids = state.pop(prefix + IDS).long()
+    scale = state.pop(prefix + SCALES).float()
+    full = torch.zeros(int(metadata["full_rows"]), state[key].shape[1])
+    full[ids] = state[key].float() * scale[:, None]
+    state[key] = full
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 def _fp32_model(job: Path, dst: Path) -> None:
@@ -148,15 +169,8 @@ def _fp32_model(job: Path, dst: Path) -> None:
 
     shutil.copytree(job / "model16", dst, dirs_exist_ok=True)
     with safe_open(str(job / "model16" / "model.safetensors"), framework="pt") as f:
-        rows_total = int(f.metadata()["full_rows"])
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    key, prefix = _table(state)
-    ids = state.pop(prefix + IDS).long()
-    scale = state.pop(prefix + SCALES).float()
-    full = torch.zeros(rows_total, state[key].shape[1])
-    full[ids] = state[key].float() * scale[:, None]
-    state[key] = full
-    save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, str(dst / "model.safetensors"))
+        state = unshrink({k: f.get_tensor(k) for k in f.keys()}, f.metadata())
+    save_file(state, str(dst / "model.safetensors"))
 
 
 def device(job: Path, out: Path, tag: str, extra: list[str], force: bool = False,
