@@ -6,9 +6,15 @@ and scored by ``ternop eval`` (vLLM, fp32 activations) against the fp model on e
 cosine to the fp embeddings. The calibration text is quality_minilm.py's.
 
     python benchmarks/quality_embedder.py --model DIR --name embeddinggemma-300m --work WORK [--force]
+    python benchmarks/quality_embedder.py --model DIR --name NAME --work WORK --rows --merge \
+        [--artifact "ROW=FILE@SECONDS" ...] [--checkpoint "ROW=DIR@SECONDS" ...] [--command "ROW=TEXT" ...]
 
 Writes benchmarks/results/cpu/quality_<name>.json, and each row's checkpoint and report in WORK
 (row0, row0.json, ...); refuses to replace any of them that already exist unless given ``--force``.
+A row can also come from a checkpoint made elsewhere (``--checkpoint``, e.g. a ``ternop distill``
+run's DST) or from a ``ternop.quant.artifact`` file (``--artifact``, e.g. a GPU distillation's,
+assembled here from the fp model), recorded with the seconds given and the ``--command`` that made
+it; ``--merge`` keeps the rows of the existing results that this run does not score again.
 """
 
 from __future__ import annotations
@@ -61,6 +67,25 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _spec(text: str) -> tuple[str, str, float | None]:
+    """(row name, path, seconds or None) of "NAME=PATH@SECONDS"."""
+    name, _, rest = text.rpartition("=")  # a row name may hold "=", a path does not
+    path, _, seconds = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    if not name or not path:
+        raise SystemExit(f"{text!r}: expected NAME=PATH@SECONDS")
+    return name, path, float(seconds) if seconds else None
+
+
+def _row(name: str, command: str | None, seconds: float | None, r: dict, commit: str) -> dict:
+    a, mem = r["agreement"], r["memory"]
+    return {"name": name, "command": command, "seconds": seconds,
+            "metrics": {k: r["models"]["ternary"][k] for k in METRICS},
+            "cosine": {"mean": a["mean_cosine"], "min": a["min_cosine"],
+                       "heldout_mean": a["heldout_mean_cosine"], "heldout_min": a["heldout_min_cosine"]},
+            "linear_bytes": mem["ternary"]["disk_linear"], "total_bytes": mem["ternary"]["disk_total"],
+            "quantized_layers": mem["quantized_layers"], "eval_seconds": r["seconds"], "commit": commit}  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the fp sentence-transformers folder")
@@ -68,15 +93,32 @@ def main() -> int:
     p.add_argument("--work", required=True, help="folder for the checkpoints and the eval reports")
     p.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS), metavar="NAME")
     p.add_argument("--out", help="default: benchmarks/results/cpu/quality_<name>.json")
+    p.add_argument("--artifact", nargs="+", default=[], metavar="ROW=FILE@SECONDS",
+                   help="a row from a ternop.quant.artifact file, assembled in WORK from --model")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="ROW=DIR@SECONDS",
+                   help="a row from a ternary checkpoint made beforehand")
+    p.add_argument("--command", nargs="+", default=[], metavar="ROW=TEXT",
+                   help="how an --artifact or --checkpoint row was made")
+    p.add_argument("--merge", action="store_true", help="keep the rows of an existing --out that this run does not redo")
     p.add_argument("--force", action="store_true", help="replace the checkpoints, reports and --out if they exist")
     args = p.parse_args()
     out = Path(args.out or HERE / "results" / "cpu" / f"quality_{args.name}.json")
     work = Path(args.work)
+    extra = [("artifact", *_spec(t)) for t in args.artifact] + [("checkpoint", *_spec(t)) for t in args.checkpoint]
+    if not args.rows and not extra:
+        p.error("nothing to score: no --rows, --artifact or --checkpoint")
+    commands = dict(c.partition("=")[::2] for c in args.command)
+    unknown = sorted(set(commands) - {name for _, name, _, _ in extra})
+    if unknown:
+        p.error(f"--command for {', '.join(map(repr, unknown))}: no --artifact or --checkpoint row of that name")
     made = [q for i in range(len(args.rows)) for q in (work / f"row{i}", work / f"row{i}.json")]
-    existing = [str(q) for q in (*made, out) if q.exists()]
+    made += [work / f"extra{i}.json" for i in range(len(extra))]
+    made += [work / f"extra{i}" for i, (kind, *_) in enumerate(extra) if kind == "artifact"]
+    existing = [str(q) for q in (*made, *([] if args.merge else [out])) if q.exists()]
     if existing and not args.force:
         p.error(f"{', '.join(existing)} already exist(s); pass --force to replace")
 
+    from ternop.quant import artifact
     from ternop.quant.artifact import sha256_of
 
     base = Path(args.model)
@@ -91,18 +133,32 @@ def main() -> int:
         _ternop(["eval", str(base), str(dst), "--json", str(report)])
         r = json.loads(report.read_text())
         reports.append(r)
-        a, mem = r["agreement"], r["memory"]
-        rows.append({"name": name, "command": "ternop quantize MODEL DST " + ROWS[name], "seconds": seconds,
-                     "metrics": {k: r["models"]["ternary"][k] for k in METRICS},
-                     "cosine": {"mean": a["mean_cosine"], "min": a["min_cosine"],
-                                "heldout_mean": a["heldout_mean_cosine"], "heldout_min": a["heldout_min_cosine"]},
-                     "linear_bytes": mem["ternary"]["disk_linear"], "total_bytes": mem["ternary"]["disk_total"],
-                     "quantized_layers": mem["quantized_layers"], "eval_seconds": r["seconds"]})  # fmt: skip
+        rows.append(_row(name, "ternop quantize MODEL DST " + ROWS[name], seconds, r, commit))
+    for i, (kind, name, path, seconds) in enumerate(extra):
+        dst, report = Path(path), work / f"extra{i}.json"
+        if kind == "artifact":
+            dst = work / f"extra{i}"
+            artifact.assemble(path, base, dst, overwrite=True, progress=True)
+        _ternop(["eval", str(base), str(dst), "--json", str(report)])
+        r = json.loads(report.read_text())
+        reports.append(r)
+        rows.append(_row(name, commands.get(name), seconds, r, commit))
+        if kind == "artifact":
+            rows[-1].update({"artifact": Path(path).name, "artifact_sha256": sha256_of(path)})
     # Every report scores the same fp model; the first one's figures make the fp32 row.
     fp, base_mem = reports[0]["models"]["base"], reports[0]["memory"]["base"]
     fp_row = {"name": "fp32", "command": None, "seconds": None, "metrics": {k: fp[k] for k in METRICS},
               "cosine": {"mean": 1.0, "min": 1.0, "heldout_mean": 1.0, "heldout_min": 1.0},
               "linear_bytes": base_mem["disk_linear"], "total_bytes": base_mem["disk_total"]}  # fmt: skip
+    notes = {}
+    if args.merge and out.exists():
+        before = json.loads(out.read_text())
+        new = {r["name"] for r in rows}
+        old = [{**r, "commit": r.get("commit", before["commit"])} for r in before["rows"]
+               if r["name"] not in new and r["name"] != "fp32"]  # fmt: skip
+        notes = {k: before[k] for k in ("commit_note",) if k in before}
+        order = {name: i for i, name in enumerate(ROWS)}
+        rows = sorted(old + rows, key=lambda r: order.get(r["name"], len(order)))  # stable: the rest in turn
     rows = [fp_row, *rows]
     table = markdown(rows)
     weights = sorted(base.glob("*.safetensors"))
@@ -113,9 +169,10 @@ def main() -> int:
         "calibration_text": CALIB_RECIPE,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},  # fmt: skip
-        "commit": commit,
+        "commit": commit,  # of this run; each row has the commit that scored it ("commit" here where absent)
         "rows": rows,
         "table_markdown": table,
+        **notes,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
