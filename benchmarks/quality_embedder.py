@@ -99,7 +99,8 @@ def main() -> int:
                    help="a row from a ternary checkpoint made beforehand")
     p.add_argument("--command", nargs="+", default=[], metavar="ROW=TEXT",
                    help="how an --artifact or --checkpoint row was made")
-    p.add_argument("--merge", action="store_true", help="keep the rows of an existing --out that this run does not redo")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of an existing --out that this run does not redo")
     p.add_argument("--force", action="store_true", help="replace the checkpoints, reports and --out if they exist")
     args = p.parse_args()
     out = Path(args.out or HERE / "results" / "cpu" / f"quality_{args.name}.json")

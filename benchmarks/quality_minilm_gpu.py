@@ -3,7 +3,8 @@ but not this environment.
 
 Three steps, so that only small files travel:
 
-    python benchmarks/quality_minilm_gpu.py prepare JOB [--model DIR] [--extra-text FILE ...] [--force] [-- DISTILL OPTIONS]
+    python benchmarks/quality_minilm_gpu.py prepare JOB [--model DIR] [--extra-text FILE ...] [--force]
+            [-- DISTILL OPTIONS]
         here: JOB/model16 (the model in fp16; of the word embeddings only the rows of the tokens
         that the training text uses, in int8 with one scale per row), JOB/train.txt.xz (the
         built-in training text, one per line, then the texts of each --extra-text file, e.g. the
@@ -23,7 +24,7 @@ Three steps, so that only small files travel:
 --model is a sentence-transformers folder of fp32 weights in one model.safetensors whose token
 table is ``embeddings.word_embeddings.weight`` (BERT) or ``embed_tokens.weight`` (Gemma3, Qwen3),
 all-MiniLM-L6-v2 by default; `finish` needs the same folder that `prepare` read. A larger model
-makes a larger JOB (EmbeddingGemma-300M: about 280 MiB, most of it its linear layers in fp16).
+makes a larger JOB (EmbeddingGemma-300M: about 300 MiB, most of it its linear layers in fp16).
 
 No step replaces what an earlier run wrote (JOB's files, OUT/TAG.*, DST) unless given --force.
 
@@ -122,8 +123,7 @@ def prepare(job: Path, extra: list[str], extra_text: list[Path] = (), force: boo
     state = load_file(str(src / "model.safetensors"))
     out, metadata = shrink(state, used)
     save_file(out, str(model / "model.safetensors"), metadata=metadata)
-    key, prefix = _table(out)
-    ids, rows_total = out[prefix + IDS], int(metadata["full_rows"])
+    ids, rows_total = out[_table(out)[1] + IDS], int(metadata["full_rows"])
     with lzma.open(job / "train.txt.xz", "wt", encoding="utf-8") as f:
         f.write("\n".join(texts) + "\n")
     cmd = (f"python3 benchmarks/quality_minilm_gpu.py device {job.name} \"$OUT\" {DEFAULT_TAG} -- {' '.join(extra)}")
