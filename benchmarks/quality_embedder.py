@@ -30,7 +30,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from quality_minilm import CALIB_RECIPE, write_calibration_text  # noqa: E402
+from quality_minilm import CALIB_RECIPE, row_spec, write_calibration_text  # noqa: E402
 from stamp import git_commit  # noqa: E402
 
 # name -> the ternop quantize arguments after SRC DST (CALIB is filled in).
@@ -68,12 +68,11 @@ def markdown(rows: list[dict]) -> str:
 
 
 def _spec(text: str) -> tuple[str, str, float | None]:
-    """(row name, path, seconds or None) of "NAME=PATH@SECONDS"."""
-    name, _, rest = text.rpartition("=")  # a row name may hold "=", a path does not
-    path, _, seconds = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    """quality_minilm's row_spec, refusing a spec without a row name or a path."""
+    name, path, seconds = row_spec(text)
     if not name or not path:
         raise SystemExit(f"{text!r}: expected NAME=PATH@SECONDS")
-    return name, path, float(seconds) if seconds else None
+    return name, path, seconds
 
 
 def _row(name: str, command: str | None, seconds: float | None, r: dict, commit: str) -> dict:
@@ -120,7 +119,6 @@ def main() -> int:
         p.error(f"{', '.join(existing)} already exist(s); pass --force to replace")
 
     from ternop.quant import artifact
-    from ternop.quant.artifact import sha256_of
 
     base = Path(args.model)
     work.mkdir(parents=True, exist_ok=True)
@@ -145,7 +143,7 @@ def main() -> int:
         reports.append(r)
         rows.append(_row(name, commands.get(name), seconds, r, commit))
         if kind == "artifact":
-            rows[-1].update({"artifact": Path(path).name, "artifact_sha256": sha256_of(path)})
+            rows[-1].update({"artifact": Path(path).name, "artifact_sha256": artifact.sha256_of(path)})
     # Every report scores the same fp model; the first one's figures make the fp32 row.
     fp, base_mem = reports[0]["models"]["base"], reports[0]["memory"]["base"]
     fp_row = {"name": "fp32", "command": None, "seconds": None, "metrics": {k: fp[k] for k in METRICS},
@@ -165,7 +163,7 @@ def main() -> int:
     weights = sorted(base.glob("*.safetensors"))
     result = {
         "model": args.name,
-        "model_files_sha256": {w.name: sha256_of(w) for w in weights},
+        "model_files_sha256": {w.name: artifact.sha256_of(w) for w in weights},
         "scored_through": "ternop eval: vLLM, float32 activations, the op's CPU reference for ternary layers",
         "calibration_text": CALIB_RECIPE,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),

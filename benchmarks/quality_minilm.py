@@ -162,7 +162,8 @@ def markdown(rows: list[dict], fp16_bytes: int) -> str:
     return "\n".join(lines)
 
 
-def _spec(text: str) -> tuple[str, str, float | None]:
+def row_spec(text: str) -> tuple[str, str, float | None]:
+    """(row name, path, seconds or None) of "NAME=PATH@SECONDS" (quality_embedder.py reads the same)."""
     name, _, rest = text.rpartition("=")  # a row name may hold "=" ("<="), a path does not
     path, _, seconds = rest.rpartition("@") if "@" in rest else (rest, "", "")
     return name, path, float(seconds) if seconds else None
@@ -189,7 +190,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     calib = write_calibration_text(work / "calib.txt")
     suite = evaldata.suite()
-    reuse = {name: (path, sec) for name, path, sec in map(_spec, args.reuse)}
+    reuse = {name: (path, sec) for name, path, sec in map(row_spec, args.reuse)}
     commands = dict(c.partition("=")[::2] for c in args.command)
 
     commit = git_commit()
@@ -210,7 +211,7 @@ def main() -> int:
         rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": cmd, "how": how, "seconds": seconds,
                      "dense_layers": _dense_layers(dst), "commit": commit})  # fmt: skip
         print(markdown(rows, fp16_bytes), flush=True)
-    for name, path, seconds in map(_spec, args.artifact):
+    for name, path, seconds in map(row_spec, args.artifact):
         dst = str(work / Path(path).stem)
         qc = artifact.assemble(path, base, dst, overwrite=True)
         row, _ = score(dst, suite, ref)
