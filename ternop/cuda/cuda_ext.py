@@ -38,6 +38,7 @@ SOURCES = (
     CSRC / "ternary_mma_tiles.cu",
     CSRC / "ternary_wgmma.cu",
     CSRC / "ternary_wgmma_a8.cu",
+    CSRC / "ternary_wgmma_a8_ss.cu",
 )
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"

@@ -47,6 +47,10 @@
 
 namespace ternop {
 
+template <typename T>
+cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
+                                       const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream);
+
 namespace {
 
 constexpr int kConsumersA8 = 256;  // the turn-taking (block-scale) form: two consumer warpgroups
@@ -404,7 +408,10 @@ using A8Tile1 = A8Tile<128, 8>;
 // against 1.22x on 14336->4096), so each CTA takes one tile.
 using A8Tile2 = A8Tile<128, 8, 3>;
 using A8Tile3 = A8Tile<64, 8, 4>;
-constexpr int kA8Tiles = 4;
+// Tiles 4 and 5 (row scales only): 128 weight rows and 128 or 256 tokens, the weights decoded by
+// producer warps into shared memory and both wgmma operands read from there
+// (ternary_wgmma_a8_ss.cu).
+constexpr int kA8Tiles = 6;
 
 int64_t ctas_of(int M, int N, int rows, int tokens) {
   return static_cast<int64_t>((N + rows - 1) / rows) * ((M + tokens - 1) / tokens);
@@ -473,7 +480,8 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
     using T = decltype(tag);
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
-    switch (ternary_wgmma_a8_tile(M, N, sms, tile, row)) {
+    const int picked = ternary_wgmma_a8_tile(M, N, sms, tile, row);
+    switch (picked) {
       case 0:
         return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream)
                    : launch_wgmma_a8<T, A8Tile0, false>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
@@ -482,8 +490,10 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
                    : launch_wgmma_a8<T, A8Tile1, false>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       case 2:
         return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
-      default:
+      case 3:
         return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
+      default:  // 4 and 5: the weights decoded into shared memory (ternary_wgmma_a8_ss.cu)
+        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked == 5 ? 256 : 128, stream);
     }
   });
 }

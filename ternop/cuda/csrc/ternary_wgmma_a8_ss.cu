@@ -1,0 +1,322 @@
+// Large-M W2A8 ternary linear with a scale per weight row on Hopper, both wgmma operands in shared
+// memory:
+//
+//   out[m, n] = fp32(fp32(S[m, n]) * scale[n]) * s_x[m] (+ bias[n]),   S[m, n] = sum_k q[m, k] * v[n, k]
+//
+// exactly as ternop/activations.py has it (q int8 [M, K] and s_x fp32 [M] from the per-token
+// quantization, S in int32). ternary_wgmma_a8.cu (read it first) decodes the weights into the
+// register A operand of wgmma inside the warpgroups that issue the wgmmas, and each of them waits
+// on its own wgmmas every block: its tensor pipe runs at about half of its peak at large M
+// (docs/KERNELS.md). Here the decoding moves out of those warpgroups: producer warps decode each
+// block's codes into a dense int8 weight tile in shared memory, in the 128-byte swizzle that TMA
+// gives q's tile, and the two consumer warpgroups only issue wgmma m64nBTk32 s8 with both operands
+// read by descriptor, one block's group left in flight while they wait for the next stage. That is
+// the loop of a dense int8 GEMM, with the weights still read from memory as 2-bit codes and never
+// written out dense.
+//
+// A CTA has 128 weight rows and BT tokens (128 or 256) and 384 threads:
+// - warp 0, lane 0 (the loader): per 128-k block, waits until the stage is free ("empty"), then
+//   loads q's tile [BT tokens x 128 bytes] and the block's codes [128 rows x 32 bytes] by TMA onto
+//   the stage's "loaded" mbarrier. Tokens past M and rows past N read as zero (a zero code is
+//   weight 0).
+// - warps 1-3 (the decoders, 96 threads): wait for "loaded", turn the 1024 code words of the stage
+//   (a word is 16 weights of a row) into 16 int8 values each, one PRMT per four (the a8 layout's
+//   nibble trick, ternary_wgmma_a8.cu), store them as 16-byte chunk `word` of the row at chunk
+//   position word ^ (row % 8) (the 128-byte swizzle), make the stores visible to the tensor cores'
+//   proxy and arrive on "decoded".
+// - warpgroups 1 and 2 (the consumers, 64 weight rows each): wait for "loaded" and "decoded", issue
+//   the block's four wgmmas into int32 accumulators that run over all of K, commit, and once the
+//   previous block's group has completed, release its stage ("empty"). The first wgmma of a tile
+//   overwrites its accumulators (scale-d 0).
+// The warpgroup of the loader and the decoders keeps 40 registers and gives the rest to the
+// consumers (232 each: 128 int32 accumulators at 256 tokens).
+//
+// The epilogue scales each int32 sum once, in the spec's order, stages the tile in shared memory
+// as [BT tokens x 128 rows] of the output dtype and stores it in 16-byte pieces along each token's
+// row. No split of K: the tile is meant for launches that fill the GPU.
+
+#include "ternary_a16.cuh"  // smem_addr
+#include "ternary_wgmma.cuh"
+
+namespace ternop {
+
+namespace {
+
+constexpr uint32_t kTableSS = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
+constexpr int kSSConsumers = 256;            // two consumer warpgroups
+constexpr int kSSThreads = 384;              // and the producer warpgroup
+constexpr int kSSDecoders = 96;              // warps 1-3 of the producer warpgroup
+constexpr int kSSRows = 128;                 // weight rows of a CTA
+constexpr int kSSProducerRegs = 40;
+constexpr int kSSConsumerRegs = 232;
+
+// d[64 rows x BT tokens] (+)= A (s8 descriptor, 64 x 32) * B (s8 descriptor, 32 x BT), int32
+// accumulate; d's layout is that of WgmmaS8 in ternary_wgmma_a8.cu.
+template <int BT>
+struct WgmmaS8SS;
+
+#if TERNOP_HAS_WGMMA
+template <>
+struct WgmmaS8SS<128> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, int32_t (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+};
+
+template <>
+struct WgmmaS8SS<256> {
+  __device__ __forceinline__ static void run(uint32_t scale_d, int32_t (&d)[128], uint64_t a_desc, uint64_t b_desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,  "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,  "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,  "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,  "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,  "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,  "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,  "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+          "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+          "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+          "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+          "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+          "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+          "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
+          "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
+          "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+};
+#else
+template <int BT>
+struct WgmmaS8SS {
+  __device__ __forceinline__ static void run(uint32_t, int32_t (&)[BT / 2], uint64_t, uint64_t) { __trap(); }
+};
+#endif
+
+template <int BT_, int kStages_>
+struct SSTile {
+  static constexpr int BT = BT_, kStages = kStages_;
+  static constexpr int kQBytes = BT * 128;          // q's block: 128 int8 a token
+  static constexpr int kWBytes = kSSRows * 128;     // the decoded weights: 128 int8 a row
+  static constexpr int kCodeBytes = kSSRows * 32;   // the block's codes: 32 bytes a row
+  static constexpr int kStageBytes = (kQBytes + kWBytes + kCodeBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
+  static_assert(kQBytes % 1024 == 0 && kWBytes % 1024 == 0, "swizzle atoms start 1024-byte aligned");
+};
+
+using SSTile128 = SSTile<128, 6>;
+using SSTile256 = SSTile<256, 4>;
+
+__device__ __forceinline__ uint32_t quad_ss(uint32_t word, uint32_t shift) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(kTableSS), "r"((word >> shift) & 0x3333u));
+  return r;
+}
+
+// Generic-proxy stores to shared memory, made visible to the tensor cores' (async) proxy.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if TERNOP_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(kSSThreads, 1)
+    ternary_wgmma_a8_ss_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap c_map,
+                               const float* __restrict__ qs, const __half* __restrict__ ws,
+                               const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
+#if !TERNOP_HAS_WGMMA
+  __trap();  // not an sm_90a build: the registry never launches it
+#endif
+  constexpr int BT = Cfg::BT, kStages = Cfg::kStages, R = BT / 2;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  __shared__ __align__(8) uint64_t bars[3 * kStages];  // loaded[s], decoded[s], empty[s]
+  const uint32_t loaded0 = smem_addr(bars), decoded0 = loaded0 + 8 * kStages, empty0 = decoded0 + 8 * kStages;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(loaded0 + 8 * s, 1);                    // the loader's expect_tx arrival
+      mbar_init(decoded0 + 8 * s, kSSDecoders);         // one arrival a decoder thread
+      mbar_init(empty0 + 8 * s, kSSConsumers / 32);     // one arrival a consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int n0 = blockIdx.x * kSSRows, m0 = blockIdx.y * BT;
+  const int blocks = K / 128;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp < 4) {  // the producer warpgroup
+    setmaxnreg_dec<kSSProducerRegs>();
+    if (warp == 0) {
+      if (lane == 0) {
+        for (int i = 0; i < blocks; ++i) {
+          const int slot = i % kStages;
+          if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
+          const uint32_t stage = base + slot * Cfg::kStageBytes, bar = loaded0 + 8 * slot;
+          mbar_expect(bar, Cfg::kQBytes + Cfg::kCodeBytes);
+          tma_load(stage, &q_map, i * 128, m0, bar);
+          tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
+        }
+      }
+      return;
+    }
+    const int t = threadIdx.x - 32;  // 0..95
+    for (int i = 0; i < blocks; ++i) {
+      const int slot = i % kStages;
+      mbar_wait(loaded0 + 8 * slot, (i / kStages) & 1);
+      uint8_t* stage = smem + slot * Cfg::kStageBytes;
+      const uint32_t* codes = reinterpret_cast<const uint32_t*>(stage + Cfg::kQBytes + Cfg::kWBytes);
+      uint8_t* w = stage + Cfg::kQBytes;
+#pragma unroll 4
+      for (int u = t; u < kSSRows * 8; u += kSSDecoders) {
+        const int row = u >> 3, word = u & 7;
+        const uint32_t c = codes[u];  // word `word` of the row's 32 bytes
+        uint4 v;
+        v.x = quad_ss(c, 0);   // k 16 word + 0..3
+        v.y = quad_ss(c, 2);   // 4..7
+        v.z = quad_ss(c, 16);  // 8..11
+        v.w = quad_ss(c, 18);  // 12..15
+        *reinterpret_cast<uint4*>(w + row * 128 + ((word ^ (row & 7)) << 4)) = v;
+      }
+      fence_proxy_async_smem();
+      mbar_arrive(decoded0 + 8 * slot);
+    }
+    return;
+  }
+
+  setmaxnreg_inc<kSSConsumerRegs>();
+  const int cw = warp - 4;                 // consumer warp 0..7
+  const int wg = cw / 4;                   // consumer warpgroup 0 or 1: weight rows 64 wg ..
+  const int g = lane / 4, q = lane % 4;
+  const int row = 16 * cw + g;             // this lane's rows of the CTA: row and row + 8
+  int32_t acc[R];
+  for (int i = 0; i < blocks; ++i) {
+    const int slot = i % kStages;
+    const uint32_t parity = (i / kStages) & 1;
+    mbar_wait(loaded0 + 8 * slot, parity);
+    mbar_wait(decoded0 + 8 * slot, parity);
+    const uint32_t stage = base + slot * Cfg::kStageBytes;
+    const uint32_t a = stage + Cfg::kQBytes + wg * 64 * 128;
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) WgmmaS8SS<BT>::run(i > 0 || s > 0, acc, b_desc(a + s * 32), b_desc(stage + s * 32));
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous block's wgmmas are done: its stage is free
+    if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+
+  // Every consumer is past its last wgmma: the stages become the output tile.
+  asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
+  constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
+  static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
+  float sw[2], bv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = min(n0 + row + 8 * h, N - 1);
+    sw[h] = __half2float(ws[n]);
+    bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int t = 8 * j + 2 * q + e;
+      const float sx = qs[min(m0 + t, M - 1)];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Two roundings, as the spec has them (no contraction into one FMA).
+        const float v = __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + 2 * h + e]), sw[h]), sx), bv[h]);
+        reinterpret_cast<T*>(smem + t * kPitch)[row + 8 * h] = Fp<T>::from_float(v);
+      }
+    }
+  asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), kChunks = kSSRows / V;
+  const bool vector = N % V == 0;
+  for (int i = threadIdx.x - 128; i < BT * kChunks; i += kSSConsumers) {
+    const int t = i / kChunks, c = i % kChunks;
+    const int m = m0 + t, n = n0 + c * V;
+    if (m >= M || n >= N) continue;
+    const uint8_t* src = smem + t * kPitch + c * 16;
+    T* d = out + static_cast<int64_t>(m) * N + n;
+    if (vector) {
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const T*>(src)[e];
+    }
+  }
+}
+
+template <typename T, typename Cfg>
+cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias, T* out,
+                      int M, int N, int K, cudaStream_t stream) {
+  auto kernel = ternary_wgmma_a8_ss_kernel<T, Cfg>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  CUtensorMap q_map, c_map;
+  err = x_tensor_map(&q_map, q, K, M, K, Cfg::BT);
+  if (err != cudaSuccess) return err;
+  err = codes_tensor_map(&c_map, wp, N, K, kSSRows);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((N + kSSRows - 1) / kSSRows, (M + Cfg::BT - 1) / Cfg::BT);
+  kernel<<<grid, kSSThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// q int8 [M, K] contiguous, 16-byte aligned; qs fp32 [M]; wp uint8 [N, K/4] in the a8 layout,
+// 16-byte aligned; ws fp16 [N, 1] (a scale per row); bias [N] in T or nullptr; out [M, N] in T.
+// `tokens` 128 or 256: the CTA's token tile.
+template <typename T>
+cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
+                                       const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream) {
+  return tokens == 256 ? launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream)
+                       : launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
+}
+
+template cudaError_t launch_ternary_wgmma_a8_ss<__half>(const int8_t*, const float*, const uint8_t*, const __half*,
+                                                        const __half*, __half*, int, int, int, int, cudaStream_t);
+template cudaError_t launch_ternary_wgmma_a8_ss<__nv_bfloat16>(const int8_t*, const float*, const uint8_t*,
+                                                               const __half*, const __nv_bfloat16*, __nv_bfloat16*,
+                                                               int, int, int, int, cudaStream_t);
+template cudaError_t launch_ternary_wgmma_a8_ss<float>(const int8_t*, const float*, const uint8_t*, const __half*,
+                                                       const float*, float*, int, int, int, int, cudaStream_t);
+
+}  // namespace ternop
