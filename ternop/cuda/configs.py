@@ -427,21 +427,45 @@ def host_rule_edges(n: int, k: int) -> list[int]:
     return sorted({e + d for e in edges for d in (0, 1) if e + d >= 1})
 
 
+WGMMA_A8_SMEM_MIN_M = 512
+
+
 def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
     """(tile, CTAs) of a row-scaled cuda_wgmma_a8 launch before any split of K, as
     ``ternary_wgmma_a8_tile`` in ternary_wgmma_a8.cu picks the tile (tests/cuda/test_wgmma_tile_rule.py
-    holds the two to each other): 0 (128 rows x 64 tokens) up to M = 64; from M = 2048, 2 (192 x 128)
-    where its CTAs fill the GPU; else 1 (128 x 128) where its CTAs fill three quarters of it, or 0."""
+    holds the two to each other): 0 (128 rows x 64 tokens) up to M = 64; from M = WGMMA_A8_SMEM_MIN_M,
+    5 (128 x 256, the weights decoded into shared memory) where its CTAs fill the GPU and their last
+    wave to 80% or more; from M = 2048,
+    2 (192 x 128) where its CTAs fill the GPU; else 1 (128 x 128) where its CTAs fill three quarters
+    of it, or 0."""
     def ctas(rows: int, tokens: int) -> int:
         return -(-n // rows) * -(-m // tokens)
 
     if m <= 64:
         return 0, ctas(128, 64)
+    if m >= WGMMA_A8_SMEM_MIN_M:
+        count = ctas(128, 256)
+        if count >= sms and 5 * count >= 4 * -(-count // sms) * sms:
+            return 5, count
     if m >= 2048 and ctas(192, 128) >= sms:
         return 2, ctas(192, 128)
     if 4 * ctas(128, 128) >= 3 * sms:
         return 1, ctas(128, 128)
     return 0, ctas(128, 64)
+
+
+# cuda_wgmma_a8's tile 5 against the dense int8 path (dequant_a8, cuda_dequant_a8) with row scales. The
+# tile decodes the codes into shared memory and runs the loop of a dense int8 GEMM
+# (ternary_wgmma_a8_ss.cu); sweep_tiles.py --kernel wgmma_a8_row at 319d989
+# (results/h100/sweep_a8_row_ss_319d989.json, an H100, x's quantization included) put it at 1.16-1.32x
+# of cuBLAS bf16 at M = 2048 and 1.21-1.52x at 8192 on the four 8B layers, where the dense path ran
+# 0.91-1.09x and 1.03-1.23x in bench_linear_9d1bf41.json (another run on the same kind of H100). On
+# the K = 1024 layers at M = 8192 the dense path was ahead (1.01x and 1.11x against 0.90x and 0.97x):
+# with eight blocks a CTA, the tile's prologue and epilogue weigh too much. So from K =
+# WGMMA_A8_ROW_MIN_K, wherever the kernel takes tile 5, the dense path leaves the call to it.
+def wgmma_a8_smem_takes(m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether a row-scaled (M, N, K) goes to cuda_wgmma_a8's shared-memory tile before the dense int8 path."""
+    return k >= WGMMA_A8_ROW_MIN_K and wgmma_a8_row_tile(m, n, sm_count(device))[0] == 5
 
 
 def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:

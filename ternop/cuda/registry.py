@@ -241,6 +241,10 @@ def _dequant_a8_rules(call: backends.LinearCall) -> str:
     why = configs.dequant_a8_declines(call.m, call.n, call.x.device)
     if why:
         return why
+    if (configs.wgmma_a8_smem_takes(call.m, call.n, call.k, call.x.device)
+            and "cuda_wgmma_a8" not in backends.skipped() and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
+        return (f"M={call.m}, N={call.n}, K={call.k}: cuda_wgmma_a8's tile that decodes the weights into "
+                f"shared memory is faster than the dense int8 GEMM (configs.wgmma_a8_smem_takes)")
     # Above the graphs' M, the Hopper kernel's one C++ launch costs less (configs.EAGER_A8_ROW_MAX_MNK).
     if (configs.eager_a8_row_host_bound(call.m, call.n, call.k) and "cuda_wgmma_a8" not in backends.skipped()
             and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip

@@ -256,8 +256,12 @@ def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
     """The C++ decode behind dequant_a8's GEMM runs wherever dequant_a8's rules would let dequant_a8
     run, and goes first; where those rules decline, it declines with their reason. Forced, it takes
     row-scaled int8 calls of any M (no block scales, no 16-bit activations, and not without the
-    extension, where dequant_a8 runs instead)."""
+    extension, where dequant_a8 runs instead). The layer is 1024 -> 4096: from K = 4096 cuda_wgmma_a8's
+    shared-memory tile goes first where it runs (the next test)."""
     from ternop.cuda import cuda_ext
+
+    def _shape_call(m, **kw):
+        return globals()["_shape_call"](m, **{"k": 1024, "n": 4096, **kw})
 
     _hopper_ready(monkeypatch)
     monkeypatch.setattr(cuda_ext, "load", lambda: (True, ""))
@@ -282,6 +286,29 @@ def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
     ok, why = registry._can_cuda_dequant_a8(_shape_call(16384))
     assert not ok and "extension not built: nvcc not found" in why
     assert registry._can_dequant_a8(_shape_call(16384)) == (True, "")
+
+
+def test_registry_dense_int8_path_leaves_the_k4096_layers_to_the_shared_memory_tile(monkeypatch):
+    """With row scales, from K = 4096 and wherever cuda_wgmma_a8 takes its shared-memory tile (M >= 512,
+    CTAs of 128 rows x 256 tokens that fill the GPU), the dense int8 path declines and says why;
+    below that tile's reach (4096 -> 4096 at M = 512: 64 CTAs) and on K = 1024 it keeps its calls.
+    Without cuda_wgmma_a8 (skipped) it keeps them too."""
+    from ternop.cuda import cuda_ext
+
+    _hopper_ready(monkeypatch)
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
+    monkeypatch.setattr(cuda_ext, "load", lambda: (True, ""))
+    monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
+    for m, n in ((2048, 14336), (8192, 4096), (16384, 28672)):
+        assert configs.wgmma_a8_smem_takes(m, n, 4096, DEV), (m, n)
+        ok, why = registry._can_cuda_dequant_a8(_shape_call(m, n=n))
+        assert not ok and "decodes the weights into shared memory" in why, (m, n)
+        assert registry._can_cuda_wgmma_a8(_shape_call(m, n=n)) == (True, ""), (m, n)
+    assert registry._can_cuda_dequant_a8(_shape_call(8192, k=1024, n=4096)) == (True, "")
+    assert not configs.wgmma_a8_smem_takes(512, 4096, 4096, DEV)
+    monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
+    backends.clear_cache()
+    assert registry._can_cuda_dequant_a8(_shape_call(8192, n=4096)) == (True, "")
 
 
 def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):

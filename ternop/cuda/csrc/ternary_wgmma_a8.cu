@@ -412,6 +412,7 @@ using A8Tile3 = A8Tile<64, 8, 4>;
 // producer warps into shared memory and both wgmma operands read from there
 // (ternary_wgmma_a8_ss.cu).
 constexpr int kA8Tiles = 6;
+constexpr int kSSMinM = 512;  // the smallest M the tile rule gives tile 5 (measured from there)
 
 int64_t ctas_of(int M, int N, int rows, int tokens) {
   return static_cast<int64_t>((N + rows - 1) / rows) * ((M + tokens - 1) / tokens);
@@ -452,6 +453,12 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
 // The tile a call runs: `tile` when it names one (0: 64 tokens, 1: 128, on 128 weight rows; with
 // row scales also 2: 128 tokens on 192 rows, and 3: 64 on 256), else by M:
 // - up to 64 tokens, tile 0: the 128-token tiles would leave half their tokens empty;
+// - from 512 with row scales, tile 5 (the weights decoded into shared memory, 256 tokens) where its
+//   CTAs fill the GPU: sweep_a8_row_ss_319d989.json (an H100, M = 512, 2048 and 8192) had it fastest
+//   at 11 of the 12 such points of the 8B layers (1.16-1.52x of cuBLAS bf16 with the quantization of
+//   x, against 0.95-1.40x for the other tiles' best; 14336->4096 at 8192: 1.29x against tile 1's
+//   1.33x) and on 1024->4096 and 1024->6144 from M = 2048; where its CTAs do not fill the GPU
+//   (4096->4096 and 14336->4096 at 512, the N = 1024 layers below 8192) it lost;
 // - from 2048 with row scales, tile 2 where its CTAs fill the GPU (its extra weight rows read each
 //   token block from L2 fewer times);
 // - otherwise tile 1 where its CTAs fill three quarters of the GPU, else tile 0.
@@ -463,6 +470,10 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
 int ternary_wgmma_a8_tile(int M, int N, int sms, int tile, bool row) {
   if (tile >= 0 && tile < (row ? kA8Tiles : 2)) return tile;
   if (M <= A8Tile0::BT) return 0;
+  if (row && M >= kSSMinM) {
+    const int64_t ctas = ctas_of(M, N, 128, 256), waves = (ctas + sms - 1) / sms;
+    if (ctas >= sms && 5 * ctas >= 4 * waves * sms) return 5;
+  }
   if (row && M >= 2048 && ctas_of(M, N, A8Tile2::kRows, A8Tile2::BT) >= sms) return 2;
   return 4 * ctas_of(M, N, A8Tile1::kRows, A8Tile1::BT) >= 3 * sms ? 1 : 0;
 }
