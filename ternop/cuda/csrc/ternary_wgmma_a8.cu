@@ -49,7 +49,8 @@ namespace ternop {
 
 template <typename T>
 cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
-                                       const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream);
+                                       const T* bias, T* out, int M, int N, int K, int tokens, bool persistent,
+                                       int sms, cudaStream_t stream);
 
 namespace {
 
@@ -410,8 +411,8 @@ using A8Tile2 = A8Tile<128, 8, 3>;
 using A8Tile3 = A8Tile<64, 8, 4>;
 // Tiles 4 and 5 (row scales only): 128 weight rows and 128 or 256 tokens, the weights decoded by
 // producer warps into shared memory and both wgmma operands read from there
-// (ternary_wgmma_a8_ss.cu).
-constexpr int kA8Tiles = 6;
+// (ternary_wgmma_a8_ss.cu); 6: tile 5 in a persistent grid, a CTA an SM.
+constexpr int kA8Tiles = 7;
 constexpr int kSSMinM = 512;  // the smallest M the tile rule gives tile 5 (measured from there)
 
 int64_t ctas_of(int M, int N, int rows, int tokens) {
@@ -503,8 +504,9 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
         return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       case 3:
         return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
-      default:  // 4 and 5: the weights decoded into shared memory (ternary_wgmma_a8_ss.cu)
-        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked == 5 ? 256 : 128, stream);
+      default:  // 4-6: the weights decoded into shared memory (ternary_wgmma_a8_ss.cu)
+        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked == 4 ? 128 : 256, picked == 6,
+                                             sms, stream);
     }
   });
 }
