@@ -894,6 +894,33 @@ def test_linear_cuda_a8_row_above_the_graphs_runs_the_cpp_launch_and_captures(mo
     assert torch.equal(eager.cpu(), want)
 
 
+def test_linear_cuda_a8_row_shared_memory_tile_takes_the_k4096_layers_and_captures(monkeypatch):
+    """With row scales on a K = 4096 layer, where the dense int8 path used to run at M >= 2048, the
+    dispatcher gives the call to cuda_wgmma_a8, whose tile rule takes the shared-memory tile (128 x 256
+    CTAs filling the GPU): 4096 -> 4096 at M = 2048 (256 CTAs). A ragged M (2000) on a ragged N (4000)
+    too. Captured after its warm-up and compiled, the call gives eager's bits, and eager gives the CPU
+    reference's."""
+    from ternop.cuda import configs
+
+    monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(configs.ENV_GRAPH_MAX_M, raising=False)
+    monkeypatch.setattr(configs, "_engine_graph_max_m", None)
+    backends.clear_cache()
+    for m, n in ((2048, 4096), (2000, 4000)):
+        v1, _ = _weights(n, 4096)
+        packed, row = layouts.repack(v1, "a8"), _row_scale(n)
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+        _skip_unless_wgmma("cuda_wgmma_a8")
+        if not configs.wgmma_a8_smem_takes(m, n, 4096, x.device):
+            pytest.skip("the shared-memory tile's CTAs do not fill a GPU of this many SMs")
+        assert backends.select(_call(x, packed, row, bits=8, layout="a8")).name == "cuda_wgmma_a8"
+        eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), activation_bits=8, layout="a8")
+        assert torch.equal(eager.cpu(), want), (m, n)
+        _assert_a8_row_capture_and_compile_match_eager(x, packed, row)
+
+
 def test_linear_cuda_16_bit_above_the_graphs_runs_cuda_wgmma_on_small_layers(monkeypatch):
     """Above vLLM's CUDA-graph sizes a 16-bit call on a layer of N * K < 2^22 goes to cuda_wgmma up to
     M * N * K = configs.EAGER_A16_MAX_MNK (2048 -> 1024 up to M = 4096), where the table takes the
