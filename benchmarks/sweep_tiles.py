@@ -15,9 +15,8 @@ tiles 0-7, ``WgTile0``-``WgTile7`` there; ``auto_wgmma_tile`` picks one), and ``
 for its W2A8 form (``ternary_wgmma_a8.cu``, tiles 0 and 1, 64 and 128 tokens; each time includes
 the per-token quantization of x, and the error is against bf16 ``F.linear`` on unquantized x);
 ``--kernel wgmma_a8_row`` times that kernel with one scale per weight row (``weight_scale`` [N, 1];
-tiles 0-6, the last five for row scales only: 192 weight rows at 128 tokens, 256 at 64, 128 at 128
-and 256 with the weights decoded into shared memory, ``ternary_wgmma_a8_ss.cu``, and the last in a
-persistent grid).
+tiles 0-5, the last four for row scales only: 192 weight rows at 128 tokens, 256 at 64, and 128 at
+128 and 256 with the weights decoded into shared memory, ``ternary_wgmma_a8_ss.cu``).
 
 ``--kernel mma`` and ``--kernel mma_a8`` time the small-M kernels (``ternary_mma.cu``,
 ``ternary_mma_a8.cu``, M <= 16; default ``--ms`` 1 4 8 12 16) with 1, 2, 4 and 8 sets of 16 weight
@@ -51,7 +50,7 @@ KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
     "wgmma": ("linear_cuda_wgmma", 8, "a16", False),
     "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
-    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 7, "a8", True),
+    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 6, "a8", True),
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA
     "mma_a8": ("linear_cuda_mma_a8", 4, "a8", False),
     "mma_a8_fused": ("linear_cuda_mma_a8_fused", 4, "a8", False),  # M <= 2: quantizes x itself

@@ -57,12 +57,12 @@ def test_mma_kernel_fits_its_register_budget(tmp_path, name, instances):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("name, instances", [("ternary_wgmma", 18), ("ternary_wgmma_a8", 18), ("ternary_wgmma_a8_ss", 9)])
+@pytest.mark.parametrize("name, instances", [("ternary_wgmma", 18), ("ternary_wgmma_a8", 18), ("ternary_wgmma_a8_ss", 6)])
 def test_wgmma_kernel_compiles_for_sm90a_unserialized_without_spills(tmp_path, name, instances):
     """The wgmma kernels for sm_90a (where their wgmma bodies exist): every instance (ternary_wgmma:
     fp16/bf16 x six tiles and the split-K reduction of the splits that do not add up in a cluster; ternary_wgmma_a8: three output dtypes x two
     tiles x block or row scales, and two more tiles with row scales; ternary_wgmma_a8_ss: three output
-    dtypes x two tiles, and the 256-token tile in a persistent grid) fits its registers without spilling, and ptxas keeps the wgmmas asynchronous: its C7515
+    dtypes x two tiles) fits its registers without spilling, and ptxas keeps the wgmmas asynchronous: its C7515
     warning means it serialized them, which costs most of the speed."""
     source = CSRC / f"{name}.cu"
     cmd = [NVCC, "-c", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",

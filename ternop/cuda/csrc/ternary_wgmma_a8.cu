@@ -49,8 +49,7 @@ namespace ternop {
 
 template <typename T>
 cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
-                                       const T* bias, T* out, int M, int N, int K, int tokens, bool persistent,
-                                       int sms, cudaStream_t stream);
+                                       const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream);
 
 namespace {
 
@@ -411,8 +410,10 @@ using A8Tile2 = A8Tile<128, 8, 3>;
 using A8Tile3 = A8Tile<64, 8, 4>;
 // Tiles 4 and 5 (row scales only): 128 weight rows and 128 or 256 tokens, the weights decoded by
 // producer warps into shared memory and both wgmma operands read from there
-// (ternary_wgmma_a8_ss.cu); 6: tile 5 in a persistent grid, a CTA an SM.
-constexpr int kA8Tiles = 7;
+// (ternary_wgmma_a8_ss.cu). A persistent grid of tile 5 (a CTA an SM walking the tiles, the output
+// stored from the accumulators while the next tile's blocks load) ran slower at every point
+// (9893d9d, results/h100/sweep_a8_row_ss_a9e8bb5.json, "tile:6") and was taken out again.
+constexpr int kA8Tiles = 6;
 constexpr int kSSMinM = 512;  // the smallest M the tile rule gives tile 5 (measured from there)
 
 int64_t ctas_of(int M, int N, int rows, int tokens) {
@@ -504,9 +505,8 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
         return launch_wgmma_a8<T, A8Tile2, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       case 3:
         return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
-      default:  // 4-6: the weights decoded into shared memory (ternary_wgmma_a8_ss.cu)
-        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked == 4 ? 128 : 256, picked == 6,
-                                             sms, stream);
+      default:  // 4 and 5: the weights decoded into shared memory (ternary_wgmma_a8_ss.cu)
+        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked == 5 ? 256 : 128, stream);
     }
   });
 }

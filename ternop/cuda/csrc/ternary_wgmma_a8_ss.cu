@@ -35,8 +35,6 @@
 // as [BT tokens x 128 rows] of the output dtype and stores it in 16-byte pieces along each token's
 // row. No split of K: the tile is meant for launches that fill the GPU.
 
-#include <algorithm>
-
 #include "ternary_a16.cuh"  // smem_addr
 #include "ternary_wgmma.cuh"
 
@@ -152,35 +150,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-// The output of one tile straight from the accumulators (the persistent form: its stages may
-// already hold the next tile's blocks): accumulator 4j + 2h + e is weight row n0 + row + 8h, token
-// m0 + 8j + 2q + e. Two roundings after the row scale, as the spec has them.
-template <typename T, int R>
-__device__ __forceinline__ void store_direct(const int32_t (&acc)[R], const float* __restrict__ qs,
-                                             const float (&sw)[2], const float (&bv)[2], T* __restrict__ out, int M,
-                                             int N, int n0, int m0, int row, int q) {
-#pragma unroll
-  for (int j = 0; j < R / 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int m = m0 + 8 * j + 2 * q + e;
-      if (m >= M) continue;
-      const float sx = qs[m];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int n = n0 + row + 8 * h;
-        if (n < N)
-          out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(
-              __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + 2 * h + e]), sw[h]), sx), bv[h]));
-      }
-    }
-}
-
-// kPersistent: a CTA an SM walks the tiles (n fastest, so the CTAs at work share q's tiles in L2),
-// its stages' counts running on across tiles, so that the loader and the decoders start the next
-// tile's blocks while the consumers store the last one's output; that output then goes straight from
-// the accumulators to memory. Otherwise a CTA has one tile and stages its output in shared memory.
-template <typename T, typename Cfg, bool kPersistent>
+template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kSSThreads, 1)
     ternary_wgmma_a8_ss_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap c_map,
                                const float* __restrict__ qs, const __half* __restrict__ ws,
@@ -206,54 +176,45 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   }
   __syncthreads();
 
-  const int n_tiles = (N + kSSRows - 1) / kSSRows;
-  const int tiles = n_tiles * ((M + BT - 1) / BT);
-  const int first = kPersistent ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x + blockIdx.y * n_tiles);
-  const int step = kPersistent ? static_cast<int>(gridDim.x) : tiles;
+  const int n0 = blockIdx.x * kSSRows, m0 = blockIdx.y * BT;
   const int blocks = K / 128;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (warp < 4) {  // the producer warpgroup
     setmaxnreg_dec<kSSProducerRegs>();
-    int it = 0;  // blocks through the stages so far, over this CTA's tiles
     if (warp == 0) {
       if (lane == 0) {
-        for (int tile = first; tile < tiles; tile += step) {
-          const int n0 = (tile % n_tiles) * kSSRows, m0 = (tile / n_tiles) * BT;
-          for (int i = 0; i < blocks; ++i, ++it) {
-            const int slot = it % kStages;
-            if (it >= kStages) mbar_wait(empty0 + 8 * slot, (it / kStages - 1) & 1);
-            const uint32_t stage = base + slot * Cfg::kStageBytes, bar = loaded0 + 8 * slot;
-            mbar_expect(bar, Cfg::kQBytes + Cfg::kCodeBytes);
-            tma_load(stage, &q_map, i * 128, m0, bar);
-            tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
-          }
+        for (int i = 0; i < blocks; ++i) {
+          const int slot = i % kStages;
+          if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
+          const uint32_t stage = base + slot * Cfg::kStageBytes, bar = loaded0 + 8 * slot;
+          mbar_expect(bar, Cfg::kQBytes + Cfg::kCodeBytes);
+          tma_load(stage, &q_map, i * 128, m0, bar);
+          tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
         }
       }
       return;
     }
     const int t = threadIdx.x - 32;  // 0..95
-    for (int tile = first; tile < tiles; tile += step) {
-      for (int i = 0; i < blocks; ++i, ++it) {
-        const int slot = it % kStages;
-        mbar_wait(loaded0 + 8 * slot, (it / kStages) & 1);
-        uint8_t* stage = smem + slot * Cfg::kStageBytes;
-        const uint32_t* codes = reinterpret_cast<const uint32_t*>(stage + Cfg::kQBytes + Cfg::kWBytes);
-        uint8_t* w = stage + Cfg::kQBytes;
+    for (int i = 0; i < blocks; ++i) {
+      const int slot = i % kStages;
+      mbar_wait(loaded0 + 8 * slot, (i / kStages) & 1);
+      uint8_t* stage = smem + slot * Cfg::kStageBytes;
+      const uint32_t* codes = reinterpret_cast<const uint32_t*>(stage + Cfg::kQBytes + Cfg::kWBytes);
+      uint8_t* w = stage + Cfg::kQBytes;
 #pragma unroll 4
-        for (int u = t; u < kSSRows * 8; u += kSSDecoders) {
-          const int row = u >> 3, word = u & 7;
-          const uint32_t c = codes[u];  // word `word` of the row's 32 bytes
-          uint4 v;
-          v.x = quad_ss(c, 0);   // k 16 word + 0..3
-          v.y = quad_ss(c, 2);   // 4..7
-          v.z = quad_ss(c, 16);  // 8..11
-          v.w = quad_ss(c, 18);  // 12..15
-          *reinterpret_cast<uint4*>(w + row * 128 + ((word ^ (row & 7)) << 4)) = v;
-        }
-        fence_proxy_async_smem();
-        mbar_arrive(decoded0 + 8 * slot);
+      for (int u = t; u < kSSRows * 8; u += kSSDecoders) {
+        const int row = u >> 3, word = u & 7;
+        const uint32_t c = codes[u];  // word `word` of the row's 32 bytes
+        uint4 v;
+        v.x = quad_ss(c, 0);   // k 16 word + 0..3
+        v.y = quad_ss(c, 2);   // 4..7
+        v.z = quad_ss(c, 16);  // 8..11
+        v.w = quad_ss(c, 18);  // 12..15
+        *reinterpret_cast<uint4*>(w + row * 128 + ((word ^ (row & 7)) << 4)) = v;
       }
+      fence_proxy_async_smem();
+      mbar_arrive(decoded0 + 8 * slot);
     }
     return;
   }
@@ -264,79 +225,68 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   const int g = lane / 4, q = lane % 4;
   const int row = 16 * cw + g;             // this lane's rows of the CTA: row and row + 8
   int32_t acc[R];
-  int it = 0;
-  for (int tile = first; tile < tiles; tile += step) {
-    const int n0 = (tile % n_tiles) * kSSRows, m0 = (tile / n_tiles) * BT;
-    for (int i = 0; i < blocks; ++i, ++it) {
-      const int slot = it % kStages;
-      const uint32_t parity = (it / kStages) & 1;
-      mbar_wait(loaded0 + 8 * slot, parity);
-      mbar_wait(decoded0 + 8 * slot, parity);
-      const uint32_t stage = base + slot * Cfg::kStageBytes;
-      const uint32_t a = stage + Cfg::kQBytes + wg * 64 * 128;
-      wgmma_fence();
+  for (int i = 0; i < blocks; ++i) {
+    const int slot = i % kStages;
+    const uint32_t parity = (i / kStages) & 1;
+    mbar_wait(loaded0 + 8 * slot, parity);
+    mbar_wait(decoded0 + 8 * slot, parity);
+    const uint32_t stage = base + slot * Cfg::kStageBytes;
+    const uint32_t a = stage + Cfg::kQBytes + wg * 64 * 128;
+    wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) WgmmaS8SS<BT>::run(i > 0 || s > 0, acc, b_desc(a + s * 32), b_desc(stage + s * 32));
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous block's wgmmas are done: its stage is free
-      if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
-    }
-    wgmma_wait<0>();
-    fence_acc(acc);
-    if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));  // the tile's last block
+    for (int s = 0; s < 4; ++s) WgmmaS8SS<BT>::run(i > 0 || s > 0, acc, b_desc(a + s * 32), b_desc(stage + s * 32));
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous block's wgmmas are done: its stage is free
+    if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
 
-    float sw[2], bv[2];
+  // Every consumer is past its last wgmma: the stages become the output tile.
+  asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
+  constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
+  static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
+  float sw[2], bv[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = min(n0 + row + 8 * h, N - 1);
-      sw[h] = __half2float(ws[n]);
-      bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-    }
-    if constexpr (kPersistent) {
-      store_direct<T, R>(acc, qs, sw, bv, out, M, N, n0, m0, row, q);
-      continue;
-    }
-    // Every consumer is past its last wgmma, and the CTA has no next tile: the stages become the
-    // output tile.
-    asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
-    constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
-    static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
+  for (int h = 0; h < 2; ++h) {
+    const int n = min(n0 + row + 8 * h, N - 1);
+    sw[h] = __half2float(ws[n]);
+    bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+  }
 #pragma unroll
-    for (int j = 0; j < R / 4; ++j)
+  for (int j = 0; j < R / 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = 8 * j + 2 * q + e;
-        const float sx = qs[min(m0 + t, M - 1)];
+    for (int e = 0; e < 2; ++e) {
+      const int t = 8 * j + 2 * q + e;
+      const float sx = qs[min(m0 + t, M - 1)];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          // Two roundings, as the spec has them (no contraction into one FMA).
-          const float v =
-              __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + 2 * h + e]), sw[h]), sx), bv[h]);
-          reinterpret_cast<T*>(smem + t * kPitch)[row + 8 * h] = Fp<T>::from_float(v);
-        }
+      for (int h = 0; h < 2; ++h) {
+        // Two roundings, as the spec has them (no contraction into one FMA).
+        const float v = __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + 2 * h + e]), sw[h]), sx), bv[h]);
+        reinterpret_cast<T*>(smem + t * kPitch)[row + 8 * h] = Fp<T>::from_float(v);
       }
-    asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
-    constexpr int V = 16 / static_cast<int>(sizeof(T)), kChunks = kSSRows / V;
-    const bool vector = N % V == 0;
-    for (int i = threadIdx.x - 128; i < BT * kChunks; i += kSSConsumers) {
-      const int t = i / kChunks, c = i % kChunks;
-      const int m = m0 + t, n = n0 + c * V;
-      if (m >= M || n >= N) continue;
-      const uint8_t* src = smem + t * kPitch + c * 16;
-      T* d = out + static_cast<int64_t>(m) * N + n;
-      if (vector) {
-        *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const T*>(src)[e];
-      }
+    }
+  asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), kChunks = kSSRows / V;
+  const bool vector = N % V == 0;
+  for (int i = threadIdx.x - 128; i < BT * kChunks; i += kSSConsumers) {
+    const int t = i / kChunks, c = i % kChunks;
+    const int m = m0 + t, n = n0 + c * V;
+    if (m >= M || n >= N) continue;
+    const uint8_t* src = smem + t * kPitch + c * 16;
+    T* d = out + static_cast<int64_t>(m) * N + n;
+    if (vector) {
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const T*>(src)[e];
     }
   }
 }
 
-template <typename T, typename Cfg, bool kPersistent>
+template <typename T, typename Cfg>
 cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias, T* out,
-                      int M, int N, int K, int sms, cudaStream_t stream) {
-  auto kernel = ternary_wgmma_a8_ss_kernel<T, Cfg, kPersistent>;
+                      int M, int N, int K, cudaStream_t stream) {
+  auto kernel = ternary_wgmma_a8_ss_kernel<T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap q_map, c_map;
@@ -344,9 +294,7 @@ cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const
   if (err != cudaSuccess) return err;
   err = codes_tensor_map(&c_map, wp, N, K, kSSRows);
   if (err != cudaSuccess) return err;
-  const int n_tiles = (N + kSSRows - 1) / kSSRows, m_tiles = (M + Cfg::BT - 1) / Cfg::BT;
-  const dim3 grid = kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(int64_t{n_tiles} * m_tiles, sms)))
-                                : dim3(n_tiles, m_tiles);
+  const dim3 grid((N + kSSRows - 1) / kSSRows, (M + Cfg::BT - 1) / Cfg::BT);
   kernel<<<grid, kSSThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
   return cudaGetLastError();
 }
@@ -355,23 +303,20 @@ cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const
 
 // q int8 [M, K] contiguous, 16-byte aligned; qs fp32 [M]; wp uint8 [N, K/4] in the a8 layout,
 // 16-byte aligned; ws fp16 [N, 1] (a scale per row); bias [N] in T or nullptr; out [M, N] in T.
-// `tokens` 128 or 256: the CTA's token tile; `persistent`: a CTA an SM walking the tiles (256 tokens
-// only).
+// `tokens` 128 or 256: the CTA's token tile.
 template <typename T>
 cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
-                                       const T* bias, T* out, int M, int N, int K, int tokens, bool persistent,
-                                       int sms, cudaStream_t stream) {
-  if (persistent) return launch_ss<T, SSTile256, true>(q, qs, wp, ws, bias, out, M, N, K, sms, stream);
-  return tokens == 256 ? launch_ss<T, SSTile256, false>(q, qs, wp, ws, bias, out, M, N, K, sms, stream)
-                       : launch_ss<T, SSTile128, false>(q, qs, wp, ws, bias, out, M, N, K, sms, stream);
+                                       const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream) {
+  return tokens == 256 ? launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream)
+                       : launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
 }
 
 template cudaError_t launch_ternary_wgmma_a8_ss<__half>(const int8_t*, const float*, const uint8_t*, const __half*,
-                                                        const __half*, __half*, int, int, int, int, bool, int, cudaStream_t);
+                                                        const __half*, __half*, int, int, int, int, cudaStream_t);
 template cudaError_t launch_ternary_wgmma_a8_ss<__nv_bfloat16>(const int8_t*, const float*, const uint8_t*,
                                                                const __half*, const __nv_bfloat16*, __nv_bfloat16*,
-                                                               int, int, int, int, bool, int, cudaStream_t);
+                                                               int, int, int, int, cudaStream_t);
 template cudaError_t launch_ternary_wgmma_a8_ss<float>(const int8_t*, const float*, const uint8_t*, const __half*,
-                                                       const float*, float*, int, int, int, int, bool, int, cudaStream_t);
+                                                       const float*, float*, int, int, int, int, cudaStream_t);
 
 }  // namespace ternop
