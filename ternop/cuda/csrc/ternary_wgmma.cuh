@@ -11,6 +11,15 @@
 
 #include "ternary_common.cuh"
 
+// The int32 accumulators d[0..n) of an s8 wgmma as in-out operands of its inline PTX, eight at a time.
+#define TERNOP_S32_OUT8(d, i)                                                                              \
+  "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), \
+      "+r"(d[i + 7])
+#define TERNOP_S32_OUT32(d, i) \
+  TERNOP_S32_OUT8(d, i), TERNOP_S32_OUT8(d, i + 8), TERNOP_S32_OUT8(d, i + 16), TERNOP_S32_OUT8(d, i + 24)
+#define TERNOP_S32_OUT64(d, i) TERNOP_S32_OUT32(d, i), TERNOP_S32_OUT32(d, i + 32)
+#define TERNOP_S32_OUT128(d) TERNOP_S32_OUT64(d, 0), TERNOP_S32_OUT64(d, 64)
+
 namespace ternop {
 
 namespace {
