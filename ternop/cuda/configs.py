@@ -462,7 +462,11 @@ def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
 # 0.91-1.09x and 1.03-1.23x in bench_linear_9d1bf41.json (another run on the same kind of H100). On
 # the K = 1024 layers at M = 8192 the dense path was ahead (1.01x and 1.11x against 0.90x and 0.97x):
 # with eight blocks a CTA, the tile's prologue and epilogue weigh too much. So from K =
-# WGMMA_A8_ROW_MIN_K, wherever the kernel takes tile 5, the dense path leaves the call to it.
+# WGMMA_A8_ROW_MIN_K, wherever the kernel takes tile 5, the dense path leaves the call to it. In one run
+# with both (results/h100/bench_linear_a8row_5966225.json, the dense path forced) the 8B layers ran
+# 1.10-1.25x at M = 2048 and 1.09-1.24x at 8192 this way against 0.94-1.08x and 1.02-1.18x dense,
+# and on the K = 1024 layers at 8192 the dense path stayed ahead (0.94x and 1.04x against 0.84x and
+# 0.90x).
 def wgmma_a8_smem_takes(m: int, n: int, k: int, device: torch.device) -> bool:
     """Whether a row-scaled (M, N, K) goes to cuda_wgmma_a8's shared-memory tile before the dense int8 path."""
     return k >= WGMMA_A8_ROW_MIN_K and wgmma_a8_row_tile(m, n, sm_count(device))[0] == 5
