@@ -260,8 +260,8 @@ def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
     shared-memory tile goes first where it runs (the next test)."""
     from ternop.cuda import cuda_ext
 
-    def _shape_call(m, **kw):
-        return globals()["_shape_call"](m, **{"k": 1024, "n": 4096, **kw})
+    def call(m, **kw):  # 1024 -> 4096
+        return _shape_call(m, **{"k": 1024, "n": 4096, **kw})
 
     _hopper_ready(monkeypatch)
     monkeypatch.setattr(cuda_ext, "load", lambda: (True, ""))
@@ -269,23 +269,23 @@ def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
     order = [b.name for b in backends.available("cuda")]
     assert order.index("cuda_dequant_a8") < order.index("dequant_a8")
     for m in (700, 16384, 100):
-        assert registry._can_cuda_dequant_a8(_shape_call(m))[0] == registry._can_dequant_a8(_shape_call(m))[0]
-    assert registry._can_cuda_dequant_a8(_shape_call(16384)) == (True, "")
-    ok, why = registry._can_cuda_dequant_a8(_shape_call(100))
+        assert registry._can_cuda_dequant_a8(call(m))[0] == registry._can_dequant_a8(call(m))[0]
+    assert registry._can_cuda_dequant_a8(call(16384)) == (True, "")
+    ok, why = registry._can_cuda_dequant_a8(call(100))
     assert not ok and why.endswith("(dequant_a8's rules: the same GEMM)")
-    assert why.startswith(registry._can_dequant_a8(_shape_call(100))[1])
+    assert why.startswith(registry._can_dequant_a8(call(100))[1])
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_dequant_a8")
     for m in (1, 700, 16384):
-        assert registry._can_cuda_dequant_a8(_shape_call(m)) == (True, "")
-    ok, why = registry._can_cuda_dequant_a8(_shape_call(16384, scales=32))
+        assert registry._can_cuda_dequant_a8(call(m)) == (True, "")
+    ok, why = registry._can_cuda_dequant_a8(call(16384, scales=32))
     assert not ok and "one scale per row" in why
-    ok, why = registry._can_cuda_dequant_a8(_shape_call(16384, bits=16, layout="a16"))
+    ok, why = registry._can_cuda_dequant_a8(call(16384, bits=16, layout="a16"))
     assert not ok and "activation_bits=16" in why
     monkeypatch.delenv("TERNOP_BACKEND")
     monkeypatch.setattr(cuda_ext, "load", lambda: (False, "nvcc not found"))
-    ok, why = registry._can_cuda_dequant_a8(_shape_call(16384))
+    ok, why = registry._can_cuda_dequant_a8(call(16384))
     assert not ok and "extension not built: nvcc not found" in why
-    assert registry._can_dequant_a8(_shape_call(16384)) == (True, "")
+    assert registry._can_dequant_a8(call(16384)) == (True, "")
 
 
 def test_registry_dense_int8_path_leaves_the_k4096_layers_to_the_shared_memory_tile(monkeypatch):
