@@ -435,9 +435,8 @@ def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
     ``ternary_wgmma_a8_tile`` in ternary_wgmma_a8.cu picks the tile (tests/cuda/test_wgmma_tile_rule.py
     holds the two to each other): 0 (128 rows x 64 tokens) up to M = 64; from M = WGMMA_A8_SMEM_MIN_M,
     5 (128 x 256, the weights decoded into shared memory) where its CTAs fill the GPU and their last
-    wave to 80% or more; from M = 2048,
-    2 (192 x 128) where its CTAs fill the GPU; else 1 (128 x 128) where its CTAs fill three quarters
-    of it, or 0."""
+    wave to 80% or more; from M = 2048, 2 (192 x 128) where its CTAs fill the GPU; else 1 (128 x 128)
+    where its CTAs fill three quarters of it, or 0."""
     def ctas(rows: int, tokens: int) -> int:
         return -(-n // rows) * -(-m // tokens)
 
