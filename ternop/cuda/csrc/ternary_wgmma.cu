@@ -331,20 +331,8 @@ __device__ __forceinline__ void store_tile(uint8_t* tile, const float (&acc)[Cfg
                                            int n0, int N) {
   if (threadIdx.x < kThreads) stage_tile<E, Cfg, T>(tile, acc, row, q, bias, n0, N);  // not the producer warp
   __syncthreads();
-  constexpr int kPitch = kTilePitch<E, Cfg>, V = 16 / static_cast<int>(sizeof(E)), kChunks = Cfg::kRows / V;
-  const bool vector = N % V == 0;
-  for (int i = threadIdx.x; i < Cfg::BT * kChunks; i += Cfg::kEpilogueThreads) {
-    const int t = i / kChunks, c = i % kChunks;
-    const int m = m0 + t, n = n0 + c * V;
-    if (m >= M || n >= N) continue;
-    const uint8_t* src = tile + t * kPitch + c * 16;
-    E* d = dst + static_cast<int64_t>(m) * N + n;
-    if (vector) {
-      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
-    }
-  }
+  copy_tile_out<E, Cfg::BT, Cfg::kRows, kTilePitch<E, Cfg>>(tile, dst, m0, M, n0, N, threadIdx.x,
+                                                            Cfg::kEpilogueThreads);
 }
 
 // A CTA of a split of K summed in a cluster (one of its S = gridDim.z CTAs, rank blockIdx.z): its fp32

@@ -204,6 +204,29 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
+// A CTA's output tile, staged in shared memory as [kTokens tokens x kRows weight rows] of E (token
+// rows kPitch bytes apart), to dst [M, N] at token m0 and row n0: 16-byte stores along each token's
+// row, element by element where N is not a multiple of 16 bytes; rows past N and tokens past M are
+// left out. Thread `tid` of `threads` that share the copy.
+template <typename E, int kTokens, int kRows, int kPitch>
+__device__ __forceinline__ void copy_tile_out(const uint8_t* tile, E* __restrict__ dst, int m0, int M, int n0, int N,
+                                              int tid, int threads) {
+  constexpr int V = 16 / static_cast<int>(sizeof(E)), kChunks = kRows / V;
+  const bool vector = N % V == 0;
+  for (int i = tid; i < kTokens * kChunks; i += threads) {
+    const int t = i / kChunks, c = i % kChunks;
+    const int m = m0 + t, n = n0 + c * V;
+    if (m >= M || n >= N) continue;
+    const uint8_t* src = tile + t * kPitch + c * 16;
+    E* d = dst + static_cast<int64_t>(m) * N + n;
+    if (vector) {
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
+    }
+  }
+}
+
 }  // namespace
 
 }  // namespace ternop

@@ -245,20 +245,7 @@ __global__ void __launch_bounds__(kSSThreads, 1)
       }
     }
   asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
-  constexpr int V = 16 / static_cast<int>(sizeof(T)), kChunks = kSSRows / V;
-  const bool vector = N % V == 0;
-  for (int i = threadIdx.x - 128; i < BT * kChunks; i += kSSConsumers) {
-    const int t = i / kChunks, c = i % kChunks;
-    const int m = m0 + t, n = n0 + c * V;
-    if (m >= M || n >= N) continue;
-    const uint8_t* src = smem + t * kPitch + c * 16;
-    T* d = out + static_cast<int64_t>(m) * N + n;
-    if (vector) {
-      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const T*>(src)[e];
-    }
-  }
+  copy_tile_out<T, BT, kSSRows, kPitch>(smem, out, m0, M, n0, N, threadIdx.x - 128, kSSConsumers);
 }
 
 template <typename T, typename Cfg>
