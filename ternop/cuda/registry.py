@@ -231,9 +231,10 @@ def _a8_row_only(call: backends.LinearCall) -> str:
 
 def _dequant_a8_rules(call: backends.LinearCall) -> str:
     """Why dequant_a8's dense int8 GEMM should not take this call, else "": its M floor, its
-    buckets of the static table, its tile-count rule and, above the graphs' M, the eager rule
-    (configs.EAGER_A8_ROW_MAX_MNK); all but what the kernel cannot run are lifted when dequant_a8 is
-    forced. cuda_dequant_a8 runs the same GEMM, so it obeys the same rules."""
+    buckets of the static table, its tile-count rule, and where cuda_wgmma_a8 takes the call instead
+    (its shared-memory tile; above the graphs' M, the eager rule of configs.EAGER_A8_ROW_MAX_MNK); all
+    but what the kernel cannot run are lifted when dequant_a8 is forced. cuda_dequant_a8 runs the same
+    GEMM, so it obeys the same rules."""
     why = (_common(call) or _below_floor("dequant_a8", call)
            or _mma_bucket("dequant_a8", call, "int8 tensor cores"))  # fmt: skip
     if why or _forced("dequant_a8"):
@@ -241,16 +242,18 @@ def _dequant_a8_rules(call: backends.LinearCall) -> str:
     why = configs.dequant_a8_declines(call.m, call.n, call.x.device)
     if why:
         return why
-    if (configs.wgmma_a8_smem_takes(call.m, call.n, call.k, call.x.device)
-            and "cuda_wgmma_a8" not in backends.skipped() and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
-        return (f"M={call.m}, N={call.n}, K={call.k}: cuda_wgmma_a8's tile that decodes the weights into "
-                f"shared memory is faster than the dense int8 GEMM (configs.wgmma_a8_smem_takes)")
-    # Above the graphs' M, the Hopper kernel's one C++ launch costs less (configs.EAGER_A8_ROW_MAX_MNK).
-    if (configs.eager_a8_row_host_bound(call.m, call.n, call.k) and "cuda_wgmma_a8" not in backends.skipped()
-            and _can_cuda_wgmma_a8(call)[0]):  # fmt: skip
-        return (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
-                f"launch from C++ costs less host time than the dense int8 path's Triton launches "
-                f"(configs.EAGER_A8_ROW_MAX_MNK)")
+    # Where cuda_wgmma_a8 is the better choice, it takes the call if it can run here: with its
+    # shared-memory tile (configs.wgmma_a8_smem_takes), and above the graphs' M, where its one C++
+    # launch costs less host time (configs.EAGER_A8_ROW_MAX_MNK).
+    if configs.wgmma_a8_smem_takes(call.m, call.n, call.k, call.x.device):
+        why = (f"M={call.m}, N={call.n}, K={call.k}: cuda_wgmma_a8's tile that decodes the weights into "
+               f"shared memory is faster than the dense int8 GEMM (configs.wgmma_a8_smem_takes)")
+    elif configs.eager_a8_row_host_bound(call.m, call.n, call.k):
+        why = (f"M={call.m}, N={call.n}, K={call.k} runs outside CUDA graphs: cuda_wgmma_a8's one "
+               f"launch from C++ costs less host time than the dense int8 path's Triton launches "
+               f"(configs.EAGER_A8_ROW_MAX_MNK)")
+    if why and "cuda_wgmma_a8" not in backends.skipped() and _can_cuda_wgmma_a8(call)[0]:
+        return why
     return ""
 
 
