@@ -47,6 +47,9 @@ constexpr int kSSConsumers = 256;            // two consumer warpgroups
 constexpr int kSSThreads = 384;              // and the producer warpgroup
 constexpr int kSSDecoders = 96;              // warps 1-3 of the producer warpgroup
 constexpr int kSSRows = 128;                 // weight rows of a CTA
+constexpr int kRowStep = kSSDecoders / 8;    // rows between a decoder's words (8 words a row)
+constexpr int kDecodeWords = (kSSRows * 8 + kSSDecoders - 1) / kSSDecoders;  // words a decoder a block
+static_assert(kSSDecoders % 8 == 0 && kRowStep % 8 == 4, "a decoder's rows alternate between two swizzle positions");
 constexpr int kSSProducerRegs = 40;
 constexpr int kSSConsumerRegs = 232;
 
@@ -142,6 +145,7 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   const uint32_t base = (raw + 1023) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw);
   __shared__ __align__(8) uint64_t bars[3 * kStages];  // loaded[s], decoded[s], empty[s]
+  __shared__ __align__(8) float x_scales[BT];
   const uint32_t loaded0 = smem_addr(bars), decoded0 = loaded0 + 8 * kStages, empty0 = decoded0 + 8 * kStages;
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -173,23 +177,32 @@ __global__ void __launch_bounds__(kSSThreads, 1)
       }
       return;
     }
-    const int t = threadIdx.x - 32;  // 0..95
+    // Decoder thread t owns word t % 8 of rows t / 8 + kRowStep * j: the word's swizzled chunk takes
+    // one of two positions (rows kRowStep apart differ by 4 mod 8) and every address is a constant
+    // offset from two bases. All of a block's words are loaded before the first store, so the loads'
+    // latency overlaps (stores may alias the loads for all the compiler knows).
+    const int t = threadIdx.x - 32;
+    const int word = t & 7, row0 = t >> 3;
+    uint8_t* const w_even = smem + Cfg::kQBytes + row0 * 128 + ((word ^ (row0 & 7)) << 4);
+    uint8_t* const w_odd = smem + Cfg::kQBytes + row0 * 128 + ((word ^ ((row0 + kRowStep) & 7)) << 4);
+    const uint32_t* const c0 = reinterpret_cast<const uint32_t*>(smem + Cfg::kQBytes + Cfg::kWBytes) + t;
     for (int i = 0; i < blocks; ++i) {
       const int slot = i % kStages;
       mbar_wait(loaded0 + 8 * slot, (i / kStages) & 1);
-      uint8_t* stage = smem + slot * Cfg::kStageBytes;
-      const uint32_t* codes = reinterpret_cast<const uint32_t*>(stage + Cfg::kQBytes + Cfg::kWBytes);
-      uint8_t* w = stage + Cfg::kQBytes;
-#pragma unroll 4
-      for (int u = t; u < kSSRows * 8; u += kSSDecoders) {
-        const int row = u >> 3, word = u & 7;
-        const uint32_t c = codes[u];  // word `word` of the row's 32 bytes
+      const int off = slot * Cfg::kStageBytes;
+      uint32_t c[kDecodeWords];
+#pragma unroll
+      for (int j = 0; j < kDecodeWords; ++j)
+        if (t + kSSDecoders * j < kSSRows * 8) c[j] = c0[off / 4 + kSSDecoders * j];
+#pragma unroll
+      for (int j = 0; j < kDecodeWords; ++j) {
+        if (t + kSSDecoders * j >= kSSRows * 8) break;
         uint4 v;
-        v.x = quad_ss(c, 0);   // k 16 word + 0..3
-        v.y = quad_ss(c, 2);   // 4..7
-        v.z = quad_ss(c, 16);  // 8..11
-        v.w = quad_ss(c, 18);  // 12..15
-        *reinterpret_cast<uint4*>(w + row * 128 + ((word ^ (row & 7)) << 4)) = v;
+        v.x = quad_ss(c[j], 0);   // k 16 word + 0..3
+        v.y = quad_ss(c[j], 2);   // 4..7
+        v.z = quad_ss(c[j], 16);  // 8..11
+        v.w = quad_ss(c[j], 18);  // 12..15
+        *reinterpret_cast<uint4*>((j % 2 ? w_odd : w_even) + off + kRowStep * 128 * j) = v;
       }
       fence_proxy_async_smem();
       mbar_arrive(decoded0 + 8 * slot);
@@ -202,6 +215,17 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   const int wg = cw / 4;                   // consumer warpgroup 0 or 1: weight rows 64 wg ..
   const int g = lane / 4, q = lane % 4;
   const int row = 16 * cw + g;             // this lane's rows of the CTA: row and row + 8
+  // The epilogue's scales and bias, read before the main loop: the tile's token scales go to shared
+  // memory (the named barrier after the loop orders them), each lane's two rows' to registers.
+  const int ct = static_cast<int>(threadIdx.x) - 128;
+  if (ct < BT) x_scales[ct] = qs[min(m0 + ct, M - 1)];
+  float sw[2], bv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = min(n0 + row + 8 * h, N - 1);
+    sw[h] = __half2float(ws[n]);
+    bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+  }
   int32_t acc[R];
   for (int i = 0; i < blocks; ++i) {
     const int slot = i % kStages;
@@ -224,19 +248,13 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
   constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
   static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
-  float sw[2], bv[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int n = min(n0 + row + 8 * h, N - 1);
-    sw[h] = __half2float(ws[n]);
-    bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-  }
-#pragma unroll
-  for (int j = 0; j < R / 4; ++j)
+  for (int j = 0; j < R / 4; ++j) {
+    const float2 sx2 = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * q);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int t = 8 * j + 2 * q + e;
-      const float sx = qs[min(m0 + t, M - 1)];
+      const float sx = e ? sx2.y : sx2.x;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         // Two roundings, as the spec has them (no contraction into one FMA).
@@ -244,8 +262,9 @@ __global__ void __launch_bounds__(kSSThreads, 1)
         reinterpret_cast<T*>(smem + t * kPitch)[row + 8 * h] = Fp<T>::from_float(v);
       }
     }
+  }
   asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
-  copy_tile_out<T, BT, kSSRows, kPitch>(smem, out, m0, M, n0, N, threadIdx.x - 128, kSSConsumers);
+  copy_tile_out<T, BT, kSSRows, kPitch>(smem, out, m0, M, n0, N, ct, kSSConsumers);
 }
 
 template <typename T, typename Cfg>
