@@ -120,6 +120,7 @@ using SSTile128 = SSTile<128, 6>;
 using SSTile256 = SSTile<256, 4>;
 using SSTile256Regs = SSTile<256, 4, 96, 64, 216>;  // experimental: decoders with 64 registers
 using SSTile256Wide = SSTile<256, 4, 128, 40, 216>;  // experimental: four decoder warps
+using SSTile256Both = SSTile<256, 4, 128, 64, 216>;  // experimental: both
 
 __device__ __forceinline__ uint32_t quad_ss(uint32_t word, uint32_t shift) {
   uint32_t r;
@@ -303,6 +304,7 @@ cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const u
     case 256: return launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream);
     case 6: return launch_ss<T, SSTile256Regs>(q, qs, wp, ws, bias, out, M, N, K, stream);
     case 7: return launch_ss<T, SSTile256Wide>(q, qs, wp, ws, bias, out, M, N, K, stream);
+    case 8: return launch_ss<T, SSTile256Both>(q, qs, wp, ws, bias, out, M, N, K, stream);
     default: return launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
   }
 }
