@@ -15,21 +15,24 @@
 // written out dense.
 //
 // A CTA has 128 weight rows and BT tokens (128 or 256) and 384 threads:
-// - warp 0, lane 0 (the loader): per 128-k block, waits until the stage is free ("empty"), then
-//   loads q's tile [BT tokens x 128 bytes] and the block's codes [128 rows x 32 bytes] by TMA onto
-//   the stage's "loaded" mbarrier. Tokens past M and rows past N read as zero (a zero code is
-//   weight 0).
-// - warps 1-3 (the decoders, 96 threads): wait for "loaded", turn the 1024 code words of the stage
-//   (a word is 16 weights of a row) into 16 int8 values each, one PRMT per four (the a8 layout's
-//   nibble trick, ternary_wgmma_a8.cu), store them as 16-byte chunk `word` of the row at chunk
-//   position word ^ (row % 8) (the 128-byte swizzle), make the stores visible to the tensor cores'
-//   proxy and arrive on "decoded".
+// - the producer warpgroup (the decoders, 128 threads): waits for a stage's "loaded" barrier, turns
+//   its 1024 code words (a word is 16 weights of a row) into 16 int8 values each, one PRMT per four
+//   (the a8 layout's nibble trick, ternary_wgmma_a8.cu), stores them as 16-byte chunk `word` of the
+//   row at chunk position word ^ (row % 8) (the 128-byte swizzle), makes the stores visible to the
+//   tensor cores' proxy and arrives on "decoded". A decoder loads its eight words of a block before
+//   it stores any (the compiler may not move a load past a store that could alias it).
 // - warpgroups 1 and 2 (the consumers, 64 weight rows each): wait for "loaded" and "decoded", issue
 //   the block's four wgmmas into int32 accumulators that run over all of K, commit, and once the
 //   previous block's group has completed, release its stage ("empty"). The first wgmma of a tile
 //   overwrites its accumulators (scale-d 0).
-// The warpgroup of the loader and the decoders keeps 40 registers and gives the rest to the
-// consumers (232 each: 128 int32 accumulators at 256 tokens).
+// - the loads: lane 0 of the first consumer warp loads q's tile [BT tokens x 128 bytes] and the
+//   block's codes [128 rows x 32 bytes] by TMA onto the stage's "loaded" mbarrier, the first
+//   kStages blocks before its loop and each later one once both warpgroups have released the stage
+//   it goes to. Tokens past M and rows past N read as zero (a zero code is weight 0). A dedicated
+//   loader warp would leave the decoding to three warps; Nsight Compute had the consumers waiting
+//   on "decoded" for most of the loop with three (docs/KERNELS.md).
+// The decoders keep 40 registers and give the rest to the consumers (232 each: 128 int32
+// accumulators at 256 tokens).
 //
 // The epilogue scales each int32 sum once, in the spec's order, stages the tile in shared memory
 // as [BT tokens x 128 rows] of the output dtype and stores it in 16-byte pieces along each token's
@@ -44,7 +47,14 @@ namespace {
 
 constexpr uint32_t kTableSS = 0x00FF0100u;  // int8 value of code 0b00, 0b01, 0b10, 0b11
 constexpr int kSSConsumers = 256;            // two consumer warpgroups, warps 4-11
+constexpr int kSSDecoders = 128;             // the producer warpgroup, warps 0-3
+constexpr int kSSThreads = kSSDecoders + kSSConsumers;
 constexpr int kSSRows = 128;                 // weight rows of a CTA
+constexpr int kDecodeWords = kSSRows * 8 / kSSDecoders;  // a decoder's code words a block (8 a row)
+constexpr int kRowStep = kSSDecoders / 8;    // rows between them
+static_assert(kRowStep % 8 == 0, "a decoder's words all take the same chunk position of the swizzle");
+constexpr int kSSProducerRegs = 40;
+constexpr int kSSConsumerRegs = 232;
 
 // d[64 rows x BT tokens] (+)= A (s8 descriptor, 64 x 32) * B (s8 descriptor, 32 x BT), int32
 // accumulate; d's layout is that of WgmmaS8 in ternary_wgmma_a8.cu.
@@ -96,17 +106,9 @@ struct WgmmaS8SS {
 };
 #endif
 
-// kDecoders 96: warp 0 loads, warps 1-3 decode; 128: warps 0-3 decode and consumer warp 4's lane 0
-// loads (each block's stage once both consumer warpgroups have released it).
-template <int BT_, int kStages_, int kDecoders_ = 96, int kProducerRegs_ = 40, int kConsumerRegs_ = 232>
+template <int BT_, int kStages_>
 struct SSTile {
   static constexpr int BT = BT_, kStages = kStages_;
-  static constexpr int kDecoders = kDecoders_, kProducerRegs = kProducerRegs_, kConsumerRegs = kConsumerRegs_;
-  static constexpr int kThreads = 128 + kSSConsumers;
-  static constexpr int kRowStep = kDecoders / 8;  // rows between a decoder's words (8 words a row)
-  static constexpr int kDecodeWords = (kSSRows * 8 + kDecoders - 1) / kDecoders;  // a decoder's words a block
-  static_assert(kDecoders == 96 || kDecoders == 128, "warps 1-3 or 0-3 decode");
-  static_assert(kRowStep % 4 == 0, "a decoder's rows take at most two swizzle positions");
   static constexpr int kQBytes = BT * 128;          // q's block: 128 int8 a token
   static constexpr int kWBytes = kSSRows * 128;     // the decoded weights: 128 int8 a row
   static constexpr int kCodeBytes = kSSRows * 32;   // the block's codes: 32 bytes a row
@@ -118,9 +120,6 @@ struct SSTile {
 
 using SSTile128 = SSTile<128, 6>;
 using SSTile256 = SSTile<256, 4>;
-using SSTile256Regs = SSTile<256, 4, 96, 64, 216>;  // experimental: decoders with 64 registers
-using SSTile256Wide = SSTile<256, 4, 128, 40, 216>;  // experimental: four decoder warps
-using SSTile256Both = SSTile<256, 4, 128, 64, 216>;  // experimental: both
 
 __device__ __forceinline__ uint32_t quad_ss(uint32_t word, uint32_t shift) {
   uint32_t r;
@@ -136,7 +135,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 }
 
 template <typename T, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(kSSThreads, 1)
     ternary_wgmma_a8_ss_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap c_map,
                                const float* __restrict__ qs, const __half* __restrict__ ws,
                                const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K) {
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(loaded0 + 8 * s, 1);                    // the loader's expect_tx arrival
-      mbar_init(decoded0 + 8 * s, Cfg::kDecoders);      // one arrival a decoder thread
+      mbar_init(decoded0 + 8 * s, kSSDecoders);         // one arrival a decoder thread
       mbar_init(empty0 + 8 * s, kSSConsumers / 32);     // one arrival a consumer warp
     }
     mbar_init_fence();
@@ -175,48 +174,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tma_load(stage, &q_map, i * 128, m0, bar);
     tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
   };
-  constexpr bool kLoaderWarp = Cfg::kDecoders == 96;  // else consumer warp 4 loads
-  if (warp < 4) {  // the producer warpgroup
-    setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (kLoaderWarp && warp == 0) {
-      if (lane == 0)
-        for (int i = 0; i < blocks; ++i) load_block(i);
-      return;
-    }
-    // Decoder thread t owns word t % 8 of rows t / 8 + kRowStep * j: the word's swizzled chunk takes
-    // one of two positions (kRowStep is a multiple of 4) and every address is a constant offset from
-    // two bases. All of a block's words are loaded before the first store, so the loads' latency
-    // overlaps (stores may alias the loads for all the compiler knows).
-    constexpr int kDecoders = Cfg::kDecoders, kRowStep = Cfg::kRowStep, kWords = Cfg::kDecodeWords;
-    const int t = threadIdx.x - (kLoaderWarp ? 32 : 0);
+  if (warp < 4) {  // the decoders
+    setmaxnreg_dec<kSSProducerRegs>();
+    // Decoder thread t owns word t % 8 of rows t / 8 + 16 j: the swizzle puts all of them at the same
+    // chunk position of their rows, so every address is a constant offset from one base. All of a
+    // block's words are loaded before the first store, so the loads' latency overlaps (stores may
+    // alias the loads for all the compiler knows).
+    const int t = threadIdx.x;
     const int word = t & 7, row0 = t >> 3;
-    uint8_t* const w_even = smem + Cfg::kQBytes + row0 * 128 + ((word ^ (row0 & 7)) << 4);
-    uint8_t* const w_odd = smem + Cfg::kQBytes + row0 * 128 + ((word ^ ((row0 + kRowStep) & 7)) << 4);
+    uint8_t* const w0 = smem + Cfg::kQBytes + row0 * 128 + ((word ^ (row0 & 7)) << 4);
     const uint32_t* const c0 = reinterpret_cast<const uint32_t*>(smem + Cfg::kQBytes + Cfg::kWBytes) + t;
     for (int i = 0; i < blocks; ++i) {
       const int slot = i % kStages;
       mbar_wait(loaded0 + 8 * slot, (i / kStages) & 1);
       const int off = slot * Cfg::kStageBytes;
-      uint32_t c[kWords];
+      uint32_t c[kDecodeWords];
 #pragma unroll
-      for (int j = 0; j < kWords; ++j)
-        if (t + kDecoders * j < kSSRows * 8) c[j] = c0[off / 4 + kDecoders * j];
+      for (int j = 0; j < kDecodeWords; ++j) c[j] = c0[off / 4 + kSSDecoders * j];
 #pragma unroll
-      for (int j = 0; j < kWords; ++j) {
-        if (t + kDecoders * j >= kSSRows * 8) break;
+      for (int j = 0; j < kDecodeWords; ++j) {
         uint4 v;
         v.x = quad_ss(c[j], 0);   // k 16 word + 0..3
         v.y = quad_ss(c[j], 2);   // 4..7
         v.z = quad_ss(c[j], 16);  // 8..11
         v.w = quad_ss(c[j], 18);  // 12..15
-        *reinterpret_cast<uint4*>((j % 2 ? w_odd : w_even) + off + kRowStep * 128 * j) = v;
+        *reinterpret_cast<uint4*>(w0 + off + kRowStep * 128 * j) = v;
       }
       fence_proxy_async_smem();
       mbar_arrive(decoded0 + 8 * slot);
     }
     return;
   }
-  setmaxnreg_inc<Cfg::kConsumerRegs>();
+
+  setmaxnreg_inc<kSSConsumerRegs>();
   const int cw = warp - 4;                 // consumer warp 0..7
   const int wg = cw / 4;                   // consumer warpgroup 0 or 1: weight rows 64 wg ..
   const int g = lane / 4, q = lane % 4;
@@ -232,7 +222,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sw[h] = __half2float(ws[n]);
     bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
   }
-  if (!kLoaderWarp && cw == 0 && lane == 0)
+  const bool loader = cw == 0 && lane == 0;  // issues the loads: the first stages' now, the rest as they free
+  if (loader)
     for (int i = 0; i < min(kStages, blocks); ++i) load_block(i);
   int32_t acc[R];
   for (int i = 0; i < blocks; ++i) {
@@ -248,7 +239,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // the previous block's wgmmas are done: its stage is free
     if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
-    if (!kLoaderWarp && cw == 0 && lane == 0 && i > 0 && i - 1 + kStages < blocks) load_block(i - 1 + kStages);
+    if (loader && i > 0 && i - 1 + kStages < blocks) load_block(i - 1 + kStages);
   }
   wgmma_wait<0>();
   fence_acc(acc);
@@ -288,7 +279,7 @@ cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const
   err = codes_tensor_map(&c_map, wp, N, K, kSSRows);
   if (err != cudaSuccess) return err;
   const dim3 grid((N + kSSRows - 1) / kSSRows, (M + Cfg::BT - 1) / Cfg::BT);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
+  kernel<<<grid, kSSThreads, Cfg::kSmemBytes, stream>>>(q_map, c_map, qs, ws, bias, out, M, N, K);
   return cudaGetLastError();
 }
 
@@ -300,13 +291,8 @@ cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const
 template <typename T>
 cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
                                        const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream) {
-  switch (tokens) {
-    case 256: return launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 6: return launch_ss<T, SSTile256Regs>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 7: return launch_ss<T, SSTile256Wide>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 8: return launch_ss<T, SSTile256Both>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    default: return launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
-  }
+  return tokens == 256 ? launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream)
+                       : launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
 }
 
 template cudaError_t launch_ternary_wgmma_a8_ss<__half>(const int8_t*, const float*, const uint8_t*, const __half*,
