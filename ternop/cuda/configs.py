@@ -321,7 +321,8 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   layers ahead at M = 256..1024 (0.47-0.64x against 0.44-0.58x, split where M <= 512), on the
 #   K = 1024 ones behind from M = 512.
 # From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
-# sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json).
+# sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
+# Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
 WGMMA_A8_ROW_MIN_K = 4096
 
 # Calls outside CUDA graphs. Everything above is GPU time under CUDA graphs (bench_linear), where a
@@ -455,31 +456,31 @@ def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
 
 # cuda_wgmma_a8's tile 5 against the dense int8 path (dequant_a8, cuda_dequant_a8) with row scales. The
 # tile decodes the codes into shared memory and runs the loop of a dense int8 GEMM
-# (ternary_wgmma_a8_ss.cu); sweep_tiles.py --kernel wgmma_a8_row at 319d989
-# (results/h100/sweep_a8_row_ss_319d989.json, an H100, x's quantization included) put it at 1.16-1.32x
-# of cuBLAS bf16 at M = 2048 and 1.21-1.52x at 8192 on the four 8B layers, where the dense path ran
-# 0.91-1.09x and 1.03-1.23x in bench_linear_9d1bf41.json (another run on the same kind of H100). On
-# the K = 1024 layers at M = 8192 the dense path was ahead (1.01x and 1.11x against 0.90x and 0.97x):
-# with eight blocks a CTA, the tile's prologue and epilogue weigh too much. So from K =
-# WGMMA_A8_ROW_MIN_K, wherever the kernel takes tile 5, the dense path leaves the call to it. In one run
-# with both (results/h100/bench_linear_a8row_5966225.json, the dense path forced) the 8B layers ran
-# 1.10-1.25x at M = 2048 and 1.09-1.24x at 8192 this way against 0.94-1.08x and 1.02-1.18x dense,
-# and on the K = 1024 layers at 8192 the dense path stayed ahead (0.94x and 1.04x against 0.84x and
-# 0.90x).
-def wgmma_a8_smem_takes(m: int, n: int, k: int, device: torch.device) -> bool:
-    """Whether a row-scaled (M, N, K) goes to cuda_wgmma_a8's shared-memory tile before the dense int8 path."""
-    return k >= WGMMA_A8_ROW_MIN_K and wgmma_a8_row_tile(m, n, sm_count(device))[0] == 5
+# (ternary_wgmma_a8_ss.cu). Since its decoders stopped holding up its tensor cores (four decoder warps,
+# each loading a block's words before storing any), the same-run comparison with the dense path forced
+# (bench_linear.py --below-floors --backends cuda_dequant_a8,cuda_wgmma_a8,triton_a8 at 72e4256,
+# results/h100/bench_linear_a8row_72e4256.json, an H100; the tile there had the loads-first decoders,
+# three warps of them) has the tile ahead or level wherever the kernel's rule takes it: on the 8B
+# layers 1.29-1.45x of cuBLAS bf16 at M = 2048 and 1.30-1.45x at 8192 against the dense path's
+# 0.99-1.09x and 1.04-1.22x; on the 0.6B layers 0.99-1.08x at 2048 (where it runs) against 0.86-0.94x,
+# and 0.84-1.05x at 8192 against 0.73-1.05x. So wherever the kernel takes tile 5, the dense path leaves
+# the call to it. (Before, at 5966225, the tile was ahead on the K >= 4096 layers only.)
+def wgmma_a8_smem_takes(m: int, n: int, device: torch.device) -> bool:
+    """Whether a row-scaled (M, N) goes to cuda_wgmma_a8's shared-memory tile before the dense int8 path."""
+    return wgmma_a8_row_tile(m, n, sm_count(device))[0] == 5
 
 
 def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
     """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
+    sms = sm_count(device)
+    tile, ctas = wgmma_a8_row_tile(m, n, sms)
+    if tile == 5:  # the shared-memory tile: ahead of triton_a8 at every point it ran in 72e4256's run (above)
+        return ""
     if k < WGMMA_A8_ROW_MIN_K:
         if n <= 1024 and 256 <= m < 2048:
             return ""
         return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "
-                f"but on N <= 1024 at M = 256..2047")  # fmt: skip
-    sms = sm_count(device)
-    _, ctas = wgmma_a8_row_tile(m, n, sms)
+                f"but on N <= 1024 at M = 256..2047 and where the shared-memory tile runs")  # fmt: skip
     if m <= 64:
         if 10 * ctas < 7 * sms:
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "

@@ -11,7 +11,7 @@ Order (lower priority first):
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_dequant_a8`` | C++ decoding to a dense int8 weight (``ternop::decode_int8_cuda``), then ``dequant_a8``'s int8 Triton GEMM; wherever ``dequant_a8``'s rules let it run, one Python launch fewer | int8 (any float x) | all |
 | ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK``; where the C++ extension does not build | int8 (any float x) | all |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65; N <= 1024 at M = 256..2047; wherever its shared-memory tile runs, from M = 512, where ``dequant_a8`` declines too) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -245,7 +245,7 @@ def _dequant_a8_rules(call: backends.LinearCall) -> str:
     # Where cuda_wgmma_a8 is the better choice, it takes the call if it can run here: with its
     # shared-memory tile (configs.wgmma_a8_smem_takes), and above the graphs' M, where its one C++
     # launch costs less host time (configs.EAGER_A8_ROW_MAX_MNK).
-    if configs.wgmma_a8_smem_takes(call.m, call.n, call.k, call.x.device):
+    if configs.wgmma_a8_smem_takes(call.m, call.n, call.x.device):
         why = (f"M={call.m}, N={call.n}, K={call.k}: cuda_wgmma_a8's tile that decodes the weights into "
                f"shared memory is faster than the dense int8 GEMM (configs.wgmma_a8_smem_takes)")
     elif configs.eager_a8_row_host_bound(call.m, call.n, call.k):

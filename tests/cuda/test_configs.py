@@ -256,13 +256,15 @@ def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
     """The C++ decode behind dequant_a8's GEMM runs wherever dequant_a8's rules would let dequant_a8
     run, and goes first; where those rules decline, it declines with their reason. Forced, it takes
     row-scaled int8 calls of any M (no block scales, no 16-bit activations, and not without the
-    extension, where dequant_a8 runs instead). The layer is 1024 -> 4096: from K = 4096 cuda_wgmma_a8's
-    shared-memory tile goes first where it runs (the next test)."""
+    extension, where dequant_a8 runs instead). cuda_wgmma_a8 is skipped: where its shared-memory tile
+    runs it goes before both (the next test)."""
     from ternop.cuda import cuda_ext
 
     def call(m, **kw):  # 1024 -> 4096
         return _shape_call(m, **{"k": 1024, "n": 4096, **kw})
 
+    monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
+    backends.clear_cache()
     _hopper_ready(monkeypatch)
     monkeypatch.setattr(cuda_ext, "load", lambda: (True, ""))
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
@@ -288,24 +290,27 @@ def test_registry_cuda_dequant_a8_takes_dequant_a8s_calls(monkeypatch):
     assert registry._can_dequant_a8(call(16384)) == (True, "")
 
 
-def test_registry_dense_int8_path_leaves_the_k4096_layers_to_the_shared_memory_tile(monkeypatch):
-    """With row scales, from K = 4096 and wherever cuda_wgmma_a8 takes its shared-memory tile (M >= 512,
-    CTAs of 128 rows x 256 tokens that fill the GPU), the dense int8 path declines and says why;
-    below that tile's reach (4096 -> 4096 at M = 512: 64 CTAs) and on K = 1024 it keeps its calls.
-    Without cuda_wgmma_a8 (skipped) it keeps them too."""
+def test_registry_dense_int8_path_leaves_the_shared_memory_tiles_calls_to_it(monkeypatch):
+    """With row scales, wherever cuda_wgmma_a8 takes its shared-memory tile (M >= 512, CTAs of 128 rows
+    x 256 tokens that fill the GPU), the dense int8 path declines and says why, on the 8B layers and
+    the 0.6B ones alike, and the kernel takes the call (triton_a8 is not preferred there); below that
+    tile's reach (1024 -> 1152 at M = 4096: 144 CTAs, a second wave 9% full) the dense path keeps its
+    calls. Without cuda_wgmma_a8 (skipped) it keeps them too."""
     from ternop.cuda import cuda_ext
 
     _hopper_ready(monkeypatch)
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
     monkeypatch.setattr(cuda_ext, "load", lambda: (True, ""))
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
-    for m, n in ((2048, 14336), (8192, 4096), (16384, 28672)):
-        assert configs.wgmma_a8_smem_takes(m, n, 4096, DEV), (m, n)
-        ok, why = registry._can_cuda_dequant_a8(_shape_call(m, n=n))
-        assert not ok and "decodes the weights into shared memory" in why, (m, n)
-        assert registry._can_cuda_wgmma_a8(_shape_call(m, n=n)) == (True, ""), (m, n)
-    assert registry._can_cuda_dequant_a8(_shape_call(8192, k=1024, n=4096)) == (True, "")
-    assert not configs.wgmma_a8_smem_takes(512, 4096, 4096, DEV)
+    for m, n, k in ((2048, 14336, 4096), (8192, 4096, 4096), (16384, 28672, 4096), (8192, 4096, 1024),
+                    (8192, 1024, 3072), (2048, 6144, 1024)):  # fmt: skip
+        assert configs.wgmma_a8_smem_takes(m, n, DEV), (m, n)
+        ok, why = registry._can_cuda_dequant_a8(_shape_call(m, k=k, n=n))
+        assert not ok and "decodes the weights into shared memory" in why, (m, n, k)
+        assert registry._can_cuda_wgmma_a8(_shape_call(m, k=k, n=n)) == (True, ""), (m, n, k)
+    assert not configs.wgmma_a8_smem_takes(512, 4096, DEV)
+    assert not configs.wgmma_a8_smem_takes(4096, 1152, DEV)
+    assert registry._can_cuda_dequant_a8(_shape_call(4096, k=1024, n=1152)) == (True, "")
     monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
     backends.clear_cache()
     assert registry._can_cuda_dequant_a8(_shape_call(8192, n=4096)) == (True, "")
@@ -342,8 +347,10 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     assert registry._can_cuda_wgmma_a8(call(1024, n=6144)) == (True, "")
     ok, why = registry._can_cuda_wgmma_a8(call(16))
     assert not ok and "below M=17" in why
-    ok, why = registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))
+    ok, why = registry._can_cuda_wgmma_a8(call(1024, k=1024, n=4096))
     assert not ok and "triton_a8 is faster below K=4096" in why
+    # Where the shared-memory tile runs (from M = 512, CTAs of 128 x 256 that fill the GPU), any K.
+    assert registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096)) == (True, "")
     # The short-K layers: only those of N <= 1024, at M = 256..2047.
     assert registry._can_cuda_wgmma_a8(call(256, k=3072, n=1024)) == (True, "")
     for m, n in ((255, 1024), (2048, 1024), (512, 4096)):
@@ -432,21 +439,26 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
         ok, why = registry._can_cuda_wgmma_a8(call(m, k=1024, n=4096))
         assert not ok and "triton_a8 is faster below K=4096" in why, m
     assert "not faster than triton_a8" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096, scales=8))[1]
-    # dequant_a8 would take 2048 x 4096 (512 tiles for 132 SMs), exactly 2^33, and leaves it to the
-    # Hopper kernel; 2048 x 6144 (2^33.6) and 8192 x 6144 are past the product: the kernels' time.
-    ok, why = registry._can_dequant_a8(call(2048, k=1024, n=4096))
+    # dequant_a8 would take 2304 x 2048 (288 tiles for 132 SMs, under 2^33) and leaves it to the Hopper
+    # kernel (not its shared-memory tile: 144 CTAs fill a second wave to 9%); 2304 x 4096 (2^33.2) is
+    # past the product: the kernels' time. Where the shared-memory tile runs (2048 x 4096, 8192 x 6144)
+    # the kernel takes the call in any case.
+    ok, why = registry._can_dequant_a8(call(2304, k=1024, n=2048))
     assert not ok and "runs outside CUDA graphs" in why and "EAGER_A8_ROW_MAX_MNK" in why
-    assert registry._can_dequant_a8(call(2048, k=1024, n=6144)) == (True, "")
-    assert registry._can_dequant_a8(call(8192, k=1024, n=6144)) == (True, "")
+    assert registry._can_dequant_a8(call(2304, k=1024, n=4096)) == (True, "")
+    for m, n in ((2048, 4096), (8192, 6144)):
+        ok, why = registry._can_dequant_a8(call(m, k=1024, n=n))
+        assert not ok and "configs.wgmma_a8_smem_takes" in why, (m, n)
     monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
-    assert registry._can_dequant_a8(call(2048, k=1024, n=4096)) == (True, "")
+    assert registry._can_dequant_a8(call(2304, k=1024, n=2048)) == (True, "")
     monkeypatch.delenv("TERNOP_SKIP_BACKENDS")
     monkeypatch.setenv("TERNOP_BACKEND", "dequant_a8")
-    assert registry._can_dequant_a8(call(2048, k=1024, n=4096)) == (True, "")
+    assert registry._can_dequant_a8(call(2304, k=1024, n=2048)) == (True, "")
     monkeypatch.delenv("TERNOP_BACKEND")
-    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2048")  # a larger capture size: 2048 is a graph's M now
-    assert registry._can_dequant_a8(call(2048, k=1024, n=4096)) == (True, "")
-    assert "triton_a8 is faster below K=4096" in registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096))[1]
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2304")  # a larger capture size: 2304 is a graph's M now
+    assert registry._can_dequant_a8(call(2304, k=1024, n=2048)) == (True, "")
+    assert "triton_a8 is faster below K=4096" in registry._can_cuda_wgmma_a8(call(2304, k=1024, n=2048))[1]
+    monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2048")
     # One row past the bound the call is eager: on 2048 -> 1024 (2^32) the Hopper kernel takes it, where
     # inside a graph the table leaves it to triton_a8.
     assert registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024)) == (True, "")
@@ -464,21 +476,27 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe(monkeypatch):
     after cuda_dequant_a8 took dequant_a8's calls): at every point above the graphs' M the rule's side
     finished its calls first. Where the rule takes cuda_wgmma_a8, cuda_dequant_a8 (the table's pick
     without the rule) took at least 1.5x as long; where it does not, cuda_wgmma_a8 took longer than
-    cuda_dequant_a8, and the registry lets the dense path take the call."""
+    cuda_dequant_a8, and the registry lets the dense path take the call. The probe ran before the
+    kernel's shared-memory tile; where that tile runs now, the kernel takes the call whatever the rule
+    says (configs.wgmma_a8_smem_takes), and the probe's times of the kernel are not the tile's."""
     import json
     from pathlib import Path
 
     _hopper_ready(monkeypatch)
     monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
     run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_a8_3070b64.json"
-    points = ruled = 0
+    points = ruled = tiled = 0
     for row in json.loads(run.read_text())["results"]:
         m, n, k = row["M"], row["N"], row["K"]
         if m <= configs.GRAPH_MAX_M:
             continue  # run inside CUDA graphs, where host time is not paid
         wall = {name: t["gpu_us"] for name, t in row["by_backend"].items()}
         cpp, dense = wall["cuda_wgmma_a8"], wall["cuda_dequant_a8"]
-        if configs.eager_a8_row_host_bound(m, n, k):
+        if configs.wgmma_a8_smem_takes(m, n, DEV):
+            ok, why = registry._can_dequant_a8(_shape_call(m, k=k, n=n))
+            assert not ok and "configs.wgmma_a8_smem_takes" in why, (m, n, k)
+            tiled += 1
+        elif configs.eager_a8_row_host_bound(m, n, k):
             assert dense >= 1.5 * cpp, (m, n, k, cpp, dense)
             assert not registry._can_dequant_a8(_shape_call(m, k=k, n=n))[0], (m, n, k)
             ruled += 1
@@ -486,7 +504,7 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe(monkeypatch):
             assert cpp > dense, (m, n, k, cpp, dense)
             assert registry._can_dequant_a8(_shape_call(m, k=k, n=n)) == (True, ""), (m, n, k)
         points += 1
-    assert (points, ruled) == (12, 3)
+    assert (points, ruled, tiled) == (12, 2, 10), (points, ruled, tiled)
 
 
 def test_the_engine_sets_the_graphs_bound_and_the_environment_overrides_it(monkeypatch):
