@@ -162,17 +162,18 @@ def test_wgmma_a8_row_tile_is_near_the_fastest_on_the_layers_it_runs(a8_row_tile
 
 
 def test_wgmma_a8_row_shared_memory_tile_is_taken_where_it_was_fastest(a8_row_tile):
-    """The 319d989 sweep (an H100, tiles 0-5, M = 512, 2048, 8192): on the 8B layers the rule's tile is
-    the fastest at 11 of the 12 points and within 4% at the twelfth (14336->4096 at M = 8192, tile 5
-    against tile 1); tile 5 is taken at 10 of them. On the 0.6B layers, where the dispatcher gives the
-    kernel M = 2048 on 1024->4096 outside CUDA graphs, the rule's tile there is the fastest."""
-    cells = _times("sweep_a8_row_ss_319d989.json", RESULTS_H100)
+    """The 9c48815 sweep (an H100, tiles 0-5, M = 512, 2048, 8192; tile 5 with four decoder warps): on
+    the 8B layers the rule's tile runs within 3% of the fastest at all 12 points (at 4096->4096,
+    M = 512 tile 4 is 2% ahead of the rule's tile 1), and tile 5 is taken at 10 of them. On the 0.6B
+    layers, at each of the six points where the rule takes tile 5, tile 5 is the fastest tile."""
+    cells = _times("sweep_a8_row_ss_9c48815.json", RESULTS_H100)
     names = {t: f"tile:{t}" for t in range(6)}
     big = {point: times for point, times in cells.items() if point[2] >= 4096}
     slow = _slowdowns(a8_row_tile, big, names)
-    _assert_near_fastest(slow, points=12, within_3_percent=11, worst=1.04)
+    _assert_near_fastest(slow, points=12, within_3_percent=12, worst=1.03)
     assert sum(a8_row_tile([point]) == [5] for point in big) == 10
-    assert _slowdowns(a8_row_tile, {(2048, 4096, 1024): cells[(2048, 4096, 1024)]}, names)[(2048, 4096, 1024)] == 1.0
+    small = {point: times for point, times in cells.items() if point[2] < 4096 and a8_row_tile([point]) == [5]}
+    assert len(small) == 6 and set(_slowdowns(a8_row_tile, small, names).values()) == {1.0}
 
 
 def test_wgmma_a8_row_tile_mirror_in_configs_matches_the_kernel(a8_row_tile):

@@ -446,12 +446,14 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
 // row scales also 2: 128 tokens on 192 rows, and 3: 64 on 256), else by M:
 // - up to 64 tokens, tile 0: the 128-token tiles would leave half their tokens empty;
 // - from 512 with row scales, tile 5 (the weights decoded into shared memory, 256 tokens) where its
-//   CTAs fill the GPU: in sweep_a8_row_ss_319d989.json (an H100, M = 512, 2048 and 8192) it was the
-//   fastest tile at 9 of the 12 points of the 8B layers (at M = 2048 and 8192 1.16-1.52x of cuBLAS
-//   bf16 with the quantization of x, against 0.95-1.36x for the other tiles' best), within 4% at a
-//   tenth (14336->4096 at 8192: 1.29x against tile 1's 1.33x), and on 1024->4096 and 1024->6144
-//   from M = 2048; it lost where its CTAs do not fill the GPU (4096->4096 and 14336->4096 at 512,
-//   the N = 1024 layers below 8192);
+//   CTAs fill the GPU: in sweep_a8_row_ss_9c48815.json (an H100, M = 512, 2048 and 8192; four decoder
+//   warps) it was the fastest tile at every point where this rule takes it, 10 of the 12 points of
+//   the 8B layers (at M = 2048 and 8192 1.43-1.65x of cuBLAS bf16 with the quantization of x, against
+//   0.99-1.34x for the other tiles' best) and six of the 0.6B layers; it lost where its CTAs do not
+//   fill the GPU (4096->4096 and 14336->4096 at 512, the N = 1024 layers below 8192). Below this
+//   rule's reach the short-K layers (K < 4096) ran 7-35% faster on tile 4 (128 tokens) than on the
+//   rule's tile at three points, and 1024->6144 at M = 512 (96 CTAs) 1.8x faster on tile 5: no rule
+//   takes those yet;
 // - from 2048 with row scales, tile 2 where its CTAs fill the GPU (its extra weight rows read each
 //   token block from L2 fewer times);
 // - otherwise tile 1 where its CTAs fill three quarters of the GPU, else tile 0.
