@@ -106,26 +106,20 @@ struct WgmmaS8SS {
 };
 #endif
 
-// kStages stages of q's tile and the block's codes, kWBufs buffers of decoded weights: a stage is
-// released once its block's wgmmas are done, a buffer too; the decoders fill buffer i % kWBufs.
-template <int BT_, int kStages_, int kWBufs_>
+template <int BT_, int kStages_>
 struct SSTile {
-  static constexpr int BT = BT_, kStages = kStages_, kWBufs = kWBufs_;
+  static constexpr int BT = BT_, kStages = kStages_;
   static constexpr int kQBytes = BT * 128;          // q's block: 128 int8 a token
-  static constexpr int kCodeBytes = kSSRows * 32;   // the block's codes: 32 bytes a row
   static constexpr int kWBytes = kSSRows * 128;     // the decoded weights: 128 int8 a row
-  static constexpr int kStageBytes = (kQBytes + kCodeBytes + 1023) / 1024 * 1024;
-  static constexpr int kWBase = kStages * kStageBytes;                  // the weight buffers follow the stages
-  static constexpr int kSmemBytes = kWBase + kWBufs * kWBytes + 1024;   // + slack to align the base to 1024
+  static constexpr int kCodeBytes = kSSRows * 32;   // the block's codes: 32 bytes a row
+  static constexpr int kStageBytes = (kQBytes + kWBytes + kCodeBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the base to 1024
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
   static_assert(kQBytes % 1024 == 0 && kWBytes % 1024 == 0, "swizzle atoms start 1024-byte aligned");
-  static_assert(kWBufs <= kStages, "a block's weights are decoded after its stage is loaded");
 };
 
-using SSTile128 = SSTile<128, 6, 6>;
-using SSTile256 = SSTile<256, 4, 4>;
-using SSTile256S5W2 = SSTile<256, 5, 2>;  // experimental
-using SSTile256S4W3 = SSTile<256, 4, 3>;  // experimental
+using SSTile128 = SSTile<128, 6>;
+using SSTile256 = SSTile<256, 4>;
 
 __device__ __forceinline__ uint32_t quad_ss(uint32_t word, uint32_t shift) {
   uint32_t r;
@@ -148,25 +142,20 @@ __global__ void __launch_bounds__(kSSThreads, 1)
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
-  constexpr int BT = Cfg::BT, kStages = Cfg::kStages, kWBufs = Cfg::kWBufs, R = BT / 2;
+  constexpr int BT = Cfg::BT, kStages = Cfg::kStages, R = BT / 2;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw);
-  __shared__ __align__(8) uint64_t bars[2 * kStages + 2 * kWBufs];  // loaded[s], empty[s], decoded[b], wfree[b]
+  __shared__ __align__(8) uint64_t bars[3 * kStages];  // loaded[s], decoded[s], empty[s]
   __shared__ __align__(8) float x_scales[BT];
-  const uint32_t loaded0 = smem_addr(bars), empty0 = loaded0 + 8 * kStages;
-  const uint32_t decoded0 = empty0 + 8 * kStages, wfree0 = decoded0 + 8 * kWBufs;
+  const uint32_t loaded0 = smem_addr(bars), decoded0 = loaded0 + 8 * kStages, empty0 = decoded0 + 8 * kStages;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(loaded0 + 8 * s, 1);                    // the loader's expect_tx arrival
+      mbar_init(decoded0 + 8 * s, kSSDecoders);         // one arrival a decoder thread
       mbar_init(empty0 + 8 * s, kSSConsumers / 32);     // one arrival a consumer warp
-    }
-#pragma unroll
-    for (int b = 0; b < kWBufs; ++b) {
-      mbar_init(decoded0 + 8 * b, kSSDecoders);         // one arrival a decoder thread
-      mbar_init(wfree0 + 8 * b, kSSConsumers / 32);     // one arrival a consumer warp
     }
     mbar_init_fence();
   }
@@ -183,7 +172,7 @@ __global__ void __launch_bounds__(kSSThreads, 1)
     const uint32_t stage = base + slot * Cfg::kStageBytes, bar = loaded0 + 8 * slot;
     mbar_expect(bar, Cfg::kQBytes + Cfg::kCodeBytes);
     tma_load(stage, &q_map, i * 128, m0, bar);
-    tma_load(stage + Cfg::kQBytes, &c_map, i * 32, n0, bar);
+    tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
   };
   if (warp < 4) {  // the decoders
     setmaxnreg_dec<kSSProducerRegs>();
@@ -193,16 +182,15 @@ __global__ void __launch_bounds__(kSSThreads, 1)
     // alias the loads for all the compiler knows).
     const int t = threadIdx.x;
     const int word = t & 7, row0 = t >> 3;
-    uint8_t* const w0 = smem + Cfg::kWBase + row0 * 128 + ((word ^ (row0 & 7)) << 4);
-    const uint32_t* const c0 = reinterpret_cast<const uint32_t*>(smem + Cfg::kQBytes) + t;
+    uint8_t* const w0 = smem + Cfg::kQBytes + row0 * 128 + ((word ^ (row0 & 7)) << 4);
+    const uint32_t* const c0 = reinterpret_cast<const uint32_t*>(smem + Cfg::kQBytes + Cfg::kWBytes) + t;
     for (int i = 0; i < blocks; ++i) {
-      const int slot = i % kStages, buf = i % kWBufs;
+      const int slot = i % kStages;
       mbar_wait(loaded0 + 8 * slot, (i / kStages) & 1);
       const int off = slot * Cfg::kStageBytes;
       uint32_t c[kDecodeWords];
 #pragma unroll
       for (int j = 0; j < kDecodeWords; ++j) c[j] = c0[off / 4 + kSSDecoders * j];
-      if (i >= kWBufs) mbar_wait(wfree0 + 8 * buf, (i / kWBufs - 1) & 1);  // block i - kWBufs's weights are used
 #pragma unroll
       for (int j = 0; j < kDecodeWords; ++j) {
         uint4 v;
@@ -210,10 +198,10 @@ __global__ void __launch_bounds__(kSSThreads, 1)
         v.y = quad_ss(c[j], 2);   // 4..7
         v.z = quad_ss(c[j], 16);  // 8..11
         v.w = quad_ss(c[j], 18);  // 12..15
-        *reinterpret_cast<uint4*>(w0 + buf * Cfg::kWBytes + kRowStep * 128 * j) = v;
+        *reinterpret_cast<uint4*>(w0 + off + kRowStep * 128 * j) = v;
       }
       fence_proxy_async_smem();
-      mbar_arrive(decoded0 + 8 * buf);
+      mbar_arrive(decoded0 + 8 * slot);
     }
     return;
   }
@@ -239,20 +227,18 @@ __global__ void __launch_bounds__(kSSThreads, 1)
     for (int i = 0; i < min(kStages, blocks); ++i) load_block(i);
   int32_t acc[R];
   for (int i = 0; i < blocks; ++i) {
-    const int slot = i % kStages, buf = i % kWBufs;
-    mbar_wait(loaded0 + 8 * slot, (i / kStages) & 1);
-    mbar_wait(decoded0 + 8 * buf, (i / kWBufs) & 1);
+    const int slot = i % kStages;
+    const uint32_t parity = (i / kStages) & 1;
+    mbar_wait(loaded0 + 8 * slot, parity);
+    mbar_wait(decoded0 + 8 * slot, parity);
     const uint32_t stage = base + slot * Cfg::kStageBytes;
-    const uint32_t a = base + Cfg::kWBase + buf * Cfg::kWBytes + wg * 64 * 128;
+    const uint32_t a = stage + Cfg::kQBytes + wg * 64 * 128;
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) WgmmaS8SS<BT>::run(i > 0 || s > 0, acc, b_desc(a + s * 32), b_desc(stage + s * 32));
     wgmma_commit();
-    wgmma_wait<1>();  // the previous block's wgmmas are done: its stage and weight buffer are free
-    if (i > 0 && lane == 0) {
-      mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
-      mbar_arrive(wfree0 + 8 * ((i - 1) % kWBufs));
-    }
+    wgmma_wait<1>();  // the previous block's wgmmas are done: its stage is free
+    if (i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
     if (loader && i > 0 && i - 1 + kStages < blocks) load_block(i - 1 + kStages);
   }
   wgmma_wait<0>();
@@ -261,7 +247,7 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   // Every consumer is past its last wgmma: the stages become the output tile.
   asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
   constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
-  static_assert(BT * kPitch <= Cfg::kSmemBytes - 1024, "the output tile fits in the stages");
+  static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
 #pragma unroll
   for (int j = 0; j < R / 4; ++j) {
     const float2 sx2 = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * q);
@@ -305,12 +291,8 @@ cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const
 template <typename T>
 cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
                                        const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream) {
-  switch (tokens) {
-    case 256: return launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 6: return launch_ss<T, SSTile256S5W2>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 7: return launch_ss<T, SSTile256S4W3>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    default: return launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
-  }
+  return tokens == 256 ? launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream)
+                       : launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
 }
 
 template cudaError_t launch_ternary_wgmma_a8_ss<__half>(const int8_t*, const float*, const uint8_t*, const __half*,
