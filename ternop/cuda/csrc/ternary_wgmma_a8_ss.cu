@@ -165,15 +165,6 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   const int blocks = K / 128;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  // Block i's loads into its stage, once the stage's last block has been released.
-  auto load_block = [&](int i) {
-    const int slot = i % kStages;
-    if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
-    const uint32_t stage = base + slot * Cfg::kStageBytes, bar = loaded0 + 8 * slot;
-    mbar_expect(bar, Cfg::kQBytes + Cfg::kCodeBytes);
-    tma_load(stage, &q_map, i * 128, m0, bar);
-    tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
-  };
   if (warp < 4) {  // the decoders
     setmaxnreg_dec<kSSProducerRegs>();
     // Decoder thread t owns word t % 8 of rows t / 8 + 16 j: the swizzle puts all of them at the same
@@ -222,6 +213,15 @@ __global__ void __launch_bounds__(kSSThreads, 1)
     sw[h] = __half2float(ws[n]);
     bv[h] = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
   }
+  // Block i's loads into its stage, once the stage's last block has been released.
+  auto load_block = [&](int i) {
+    const int slot = i % kStages;
+    if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
+    const uint32_t stage = base + slot * Cfg::kStageBytes, bar = loaded0 + 8 * slot;
+    mbar_expect(bar, Cfg::kQBytes + Cfg::kCodeBytes);
+    tma_load(stage, &q_map, i * 128, m0, bar);
+    tma_load(stage + Cfg::kQBytes + Cfg::kWBytes, &c_map, i * 32, n0, bar);
+  };
   const bool loader = cw == 0 && lane == 0;  // issues the loads: the first stages' now, the rest as they free
   if (loader)
     for (int i = 0; i < min(kStages, blocks); ++i) load_block(i);
