@@ -364,10 +364,14 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
 def test_registry_dequant_a8_takes_row_scales_from_its_floor(monkeypatch):
     """dequant_a8 (decode to int8, dense int8 GEMM) runs 8-bit activations with one scale per row
     from M = 2048 on Hopper; block scales, 16-bit activations and smaller M go elsewhere, unless
-    forced (then any M). It is tried before the other large-M int8 backends."""
+    forced (then any M). It is tried before the other large-M int8 backends. cuda_wgmma_a8 is skipped
+    here, so that its shared-memory tile (which takes 2048 x 4096 where it can run, as the test above
+    shows) leaves these calls to the dense path on a GPU as on a CPU."""
     _sm90(monkeypatch)
     monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
     monkeypatch.delenv("TERNOP_BACKEND", raising=False)
+    monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
+    backends.clear_cache()
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
     def call(m, scales=1, bits=8, n=4096):
