@@ -815,6 +815,35 @@ def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_cuda_wgmma_a8_shared_memory_tiles_store_every_dtype_bit_for_bit(dtype):
+    """The shared-memory tiles (4 and 5) stage 16-bit outputs as packed pairs (stmatrix) and fp32 ones
+    element by element, and convert the int32 sums by two additions up to K = 32767, by the
+    conversion instruction above it: each output dtype equals the CPU reference from the same q and
+    s_x bit for bit, with a bias, on ragged M and N, at K = 32640 (the longest multiple of 128 of
+    the additions) and at K = 32768 (the first of the instruction). On the two long layers x is all ones (q = 127) and weight rows 0 and 1 are all +1
+    and all -1, so that |S| = 127 K there, the largest an absmax-quantized x makes."""
+    from ternop.cuda.launch_fused import quantize_rows
+
+    for m, k, n in [(300, 1024, 264), (520, 4096, 200), (256, 32640, 128), (256, 32768, 136)]:
+        v1, _ = _weights(n, k)
+        x = torch.randn(m, k, device="cuda")
+        if k > 4096:
+            x[:] = 1.0
+            v1[0], v1[1] = 0x55, 0xAA  # codes 0b01 (+1) and 0b10 (-1)
+        row = _row_scale(n)
+        packed = layouts.repack(v1, "a8")
+        bias = torch.randn(n, device="cuda").to(dtype)
+        _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+        q, qs = quantize_rows(x)
+        want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), bias.cpu(), out_dtype=dtype, layout="a8")
+        for tile in (4, 5):
+            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, dtype, tile).cpu()
+            assert y.dtype == dtype
+            bad = (y != want).nonzero()
+            assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist())
+
+
 def _assert_a8_row_capture_and_compile_match_eager(x, packed, row):
     """ternop.linear with int8 activations and row scales gives eager's bits when captured in a CUDA
     graph and replayed, and when compiled (dynamic shapes)."""

@@ -7,6 +7,10 @@ written (which word a decoder thread owns, where it stores the word's 16 values,
 decode), and the result must be the block's weights where the swizzle puts them: the byte of
 row r and k at r * 128 + k with bits 4-6 of that offset XORed with bits 7-9, the layout a TMA
 load with CU_TENSOR_MAP_SWIZZLE_128B gives a dense tile of 128-byte rows.
+
+The epilogue is replayed the same way: the accumulators' wgmma layout through stmatrix .trans (as
+PTX defines it) to the staging tile of 16-bit outputs, and the int32 -> fp32 conversion by two
+additions against NumPy's conversion up to the largest sum the kernel gives it.
 """
 
 from __future__ import annotations
@@ -90,3 +94,91 @@ def test_the_replay_tells_a_wrong_mapping(monkeypatch, decoders, right):
     r, k = np.meshgrid(np.arange(ROWS), np.arange(128), indexing="ij")
     ok = stores.min() == stores.max() == 1 and np.array_equal(tile[swizzled(r, k)].astype(np.int64), value.numpy())
     assert ok == right
+
+
+# The epilogue: 16-bit outputs staged by stmatrix .trans, and the int32 -> fp32 conversion by additions.
+TOKENS = 256  # the larger tile; the smaller one takes the first 128 tokens' loop iterations
+PITCH = ROWS * 2 + 16  # kPitch for a 16-bit output
+EXACT_ADD_BITS = _const(_SS_SRC, "kExactAddBits")
+EXACT_ADD_MAX_K = _const(_SS_SRC, "kExactAddMaxK")
+
+
+def accumulators(cw: int, lane: int) -> dict[int, tuple[int, int]]:
+    """acc[i] of consumer warp cw's lane as (weight row, token) of the CTA's tile: the wgmma
+    m64nNk32 accumulator layout, lane g = lane / 4, q = lane % 4: acc[4 j + 2 h + e] holds row
+    16 cw + g + 8 h (cw % 4 within its warpgroup's 64 rows) and token 8 j + 2 q + e."""
+    g, q = lane // 4, lane % 4
+    return {4 * j + 2 * h + e: (16 * cw + g + 8 * h, 8 * j + 2 * q + e)
+            for j in range(TOKENS // 8) for h in (0, 1) for e in (0, 1)}  # fmt: skip
+
+
+def stage_16_bit(pitch: int = PITCH) -> tuple[dict[int, tuple[int, int]], np.ndarray]:
+    """The kernel's stmatrix loop on the whole tile, with stmatrix .trans as PTX defines it: lane l
+    holds element (l / 4, 2 (l % 4) + e) of matrix i in the e-th half of r[i]; (r, c) of matrix i goes
+    to the address lane 8 i + c gives, plus 2 r. -> (what each byte offset of the staging holds, as
+    (row, token) of its 16-bit element; how many times each 2-byte element was written)."""
+    staged: dict[int, tuple[int, int]] = {}
+    writes = np.zeros(TOKENS * pitch // 2, np.int64)
+    for cw in range(8):
+        frags = [accumulators(cw, lane) for lane in range(32)]
+        for j in range(0, TOKENS // 8, 2):  # j < R / 4, R = BT / 2
+            # p[2 jj + h] = pack2(acc[4 (j + jj) + 2 h], acc[4 (j + jj) + 2 h + 1])
+            regs = [[(frags[lane][4 * (j + i // 2) + 2 * (i % 2)], frags[lane][4 * (j + i // 2) + 2 * (i % 2) + 1])
+                     for i in range(4)] for lane in range(32)]  # fmt: skip
+            addr = [(8 * (lane // 8 // 2) + lane % 8) * pitch + (16 * cw + 8 * (lane // 8 % 2)) * 2 + 8 * j * pitch
+                    for lane in range(32)]  # fmt: skip
+            for i in range(4):
+                for lane in range(32):
+                    r, c0 = lane // 4, 2 * (lane % 4)
+                    for e in (0, 1):
+                        at = addr[8 * i + c0 + e] + 2 * r
+                        staged[at] = regs[lane][i][e]
+                        writes[at // 2] += 1
+    return staged, writes
+
+
+def test_the_16_bit_epilogue_stages_each_output_at_its_token_and_row():
+    staged, writes = stage_16_bit()
+    assert len(staged) == TOKENS * ROWS and writes.max() == 1
+    for at, (row, token) in staged.items():
+        assert at == token * PITCH + 2 * row, (at, row, token)
+
+
+def matrix_banks(pitch: int) -> list[list[int]]:
+    """The banks that each stored matrix's 8 addresses (8 tokens, 16 bytes each) cover."""
+    out = []
+    for cw in range(8):
+        for lane0 in range(0, 32, 8):
+            banks = []
+            for lane in range(lane0, lane0 + 8):
+                start = (8 * (lane // 8 // 2) + lane % 8) * pitch + (16 * cw + 8 * (lane // 8 % 2)) * 2
+                banks += [(start // 4 + w) % 32 for w in range(4)]
+            out.append(sorted(banks))
+    return out
+
+
+def test_the_16_bit_epilogue_matrices_hit_every_bank_once():
+    assert all(banks == list(range(32)) for banks in matrix_banks(PITCH))
+
+
+def test_the_replay_tells_a_wrong_pitch():
+    """Without the 16 bytes of padding the outputs still land right, but a matrix's 8 tokens all
+    start in the same bank."""
+    staged, writes = stage_16_bit(ROWS * 2)
+    assert all(at == token * ROWS * 2 + 2 * row for at, (row, token) in staged.items())
+    assert not any(banks == list(range(32)) for banks in matrix_banks(ROWS * 2))
+
+
+def by_add(s: np.ndarray) -> np.ndarray:
+    bits = (s.astype(np.int64) + EXACT_ADD_BITS).astype(np.uint32)
+    return bits.view(np.float32) - np.float32(12582912.0)
+
+
+def test_the_conversion_by_additions_is_exact_up_to_the_largest_sum_it_takes():
+    assert np.uint32(EXACT_ADD_BITS).view(np.float32) == np.float32(1.5 * 2**23)
+    top = 128 * EXACT_ADD_MAX_K
+    s = np.concatenate([np.arange(-3000, 3000), np.arange(top - 3000, top + 1), -np.arange(top - 3000, top + 1),
+                        np.random.default_rng(7).integers(-top, top + 1, 100000)]).astype(np.int32)  # fmt: skip
+    assert np.array_equal(by_add(s), s.astype(np.float32))
+    beyond = np.array([2**22 + 1, -(2**22) - 3], np.int32)  # past 2^22 it rounds: the bound matters
+    assert not np.array_equal(by_add(beyond), beyond.astype(np.float32))

@@ -26,12 +26,21 @@ template <>
 struct Fp<__half> {
   __device__ __forceinline__ static __half from_float(float f) { return __float2half_rn(f); }
   __device__ __forceinline__ static float to_float(__half h) { return __half2float(h); }
+  // lo in the low 16 bits, each rounded to nearest as from_float rounds it
+  __device__ __forceinline__ static uint32_t pack2(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 };
 
 template <>
 struct Fp<__nv_bfloat16> {
   __device__ __forceinline__ static __nv_bfloat16 from_float(float f) { return __float2bfloat16_rn(f); }
   __device__ __forceinline__ static float to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
+  __device__ __forceinline__ static uint32_t pack2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 };
 
 template <>

@@ -35,8 +35,9 @@
 // accumulators at 256 tokens).
 //
 // The epilogue scales each int32 sum once, in the spec's order, stages the tile in shared memory
-// as [BT tokens x 128 rows] of the output dtype and stores it in 16-byte pieces along each token's
-// row. No split of K: the tile is meant for launches that fill the GPU.
+// as [BT tokens x 128 rows] of the output dtype (16-bit outputs as packed pairs by stmatrix, which
+// transposes the accumulators' fragments into that layout) and stores it in 16-byte pieces along
+// each token's row. No split of K: the tile is meant for launches that fill the GPU.
 
 #include "ternary_a16.cuh"  // smem_addr
 #include "ternary_wgmma.cuh"
@@ -125,6 +126,29 @@ __device__ __forceinline__ uint32_t quad_ss(uint32_t word, uint32_t shift) {
   uint32_t r;
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(kTableSS), "r"((word >> shift) & 0x3333u));
   return r;
+}
+
+// int32 -> fp32 for |s| < 2^22, exactly: s added to the bits of 1.5 * 2^23 (whose ulp is 1) gives the
+// float 1.5 * 2^23 + s, and subtracting 1.5 * 2^23 leaves s. An integer add and a float add, both
+// full rate, where the conversion instruction runs at a quarter of it.
+constexpr uint32_t kExactAddBits = 0x4B400000u;  // 1.5 * 2^23
+constexpr float kExactAddBias = 12582912.0f;
+// |S| <= 128 K (int8 activations, ternary weights) is below 2^22 up to this K.
+constexpr int kExactAddMaxK = 32767;
+static_assert(128 * kExactAddMaxK < (1 << 22) && 128 * (kExactAddMaxK + 1) == (1 << 22), "the largest such K");
+
+__device__ __forceinline__ float int_to_float_by_add(int32_t s) {
+  return __fsub_rn(__uint_as_float(static_cast<uint32_t>(s) + kExactAddBits), kExactAddBias);
+}
+
+// Four 8 x 8 matrices of 16-bit values from their mma fragments (r[i]: matrix i), stored transposed:
+// lane l gives the address of the 16 bytes that hold column l % 8 of matrix l / 8.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+#if TERNOP_HAS_WGMMA
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
 }
 
 // Generic-proxy stores to shared memory, made visible to the tensor cores' (async) proxy.
@@ -248,18 +272,45 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
   constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
   static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
+  // Two roundings, as the spec has them (no contraction into one FMA). |S| <= 128 K: below
+  // kExactAddMaxK the sum converts by two full-rate additions instead of the quarter-rate I2F.
+  const bool by_add = K <= kExactAddMaxK;
+  auto scaled = [&](int i, int h, float sx) {
+    const float s = by_add ? int_to_float_by_add(acc[i]) : static_cast<float>(acc[i]);
+    return __fadd_rn(__fmul_rn(__fmul_rn(s, sw[h]), sx), bv[h]);
+  };
+  if constexpr (sizeof(T) == 2) {
+    // The accumulators of token group j (tokens 8 j ..) and row half h are the fragment of one 8 x 8
+    // matrix [rows x tokens] as stmatrix takes it (lane g, q: row g, tokens 2q and 2q + 1 as one
+    // packed pair). stmatrix .trans stores it as 8 tokens of 16 bytes (8 rows each), lanes 8 i ..
+    // 8 i + 7 naming the tokens of matrix i: four matrices an instruction, groups j and j + 1 x
+    // both halves. 272-byte pitch: the 8 tokens of a matrix start 4 banks apart.
+    const int mi = lane / 8;
+    const uint32_t st0 = base + (8 * (mi / 2) + lane % 8) * kPitch + (16 * cw + 8 * (mi % 2)) * 2;
 #pragma unroll
-  for (int j = 0; j < R / 4; ++j) {
-    const float2 sx2 = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * q);
+    for (int j = 0; j < R / 4; j += 2) {
+      uint32_t p[4];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int t = 8 * j + 2 * q + e;
-      const float sx = e ? sx2.y : sx2.x;
+      for (int jj = 0; jj < 2; ++jj) {
+        const float2 sx2 = *reinterpret_cast<const float2*>(x_scales + 8 * (j + jj) + 2 * q);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // Two roundings, as the spec has them (no contraction into one FMA).
-        const float v = __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + 2 * h + e]), sw[h]), sx), bv[h]);
-        reinterpret_cast<T*>(smem + t * kPitch)[row + 8 * h] = Fp<T>::from_float(v);
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * (j + jj) + 2 * h;
+          p[2 * jj + h] = Fp<T>::pack2(scaled(i, h, sx2.x), scaled(i + 1, h, sx2.y));
+        }
+      }
+      stmatrix_x4_trans(st0 + 8 * j * kPitch, p);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+      const float2 sx2 = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * q);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          reinterpret_cast<T*>(smem + t * kPitch)[row + 8 * h] = Fp<T>::from_float(scaled(4 * j + 2 * h + e, h, e ? sx2.y : sx2.x));
       }
     }
   }
