@@ -50,7 +50,7 @@ KERNELS = {
     "mma_tiles": ("linear_cuda_mma_tiles", 2, "a16", False),
     "wgmma": ("linear_cuda_wgmma", 8, "a16", False),
     "wgmma_a8": ("linear_cuda_wgmma_a8", 2, "a8", False),
-    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 8, "a8", True),
+    "wgmma_a8_row": ("linear_cuda_wgmma_a8", 6, "a8", True),
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA
     "mma_a8": ("linear_cuda_mma_a8", 4, "a8", False),
     "mma_a8_fused": ("linear_cuda_mma_a8_fused", 4, "a8", False),  # M <= 2: quantizes x itself

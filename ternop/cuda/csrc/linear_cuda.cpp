@@ -261,7 +261,7 @@ at::Tensor linear_cuda_wgmma_a8(const at::Tensor& q, const at::Tensor& qs, const
                                 const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                                 at::ScalarType dtype, int64_t tile) {
   const char* op = "ternop.linear_cuda_wgmma_a8";
-  TORCH_CHECK(tile >= -1 && tile <= 7 && (tile < 2 || row_scaled(weight_scale, q.size(1))), op,
+  TORCH_CHECK(tile >= -1 && tile <= 5 && (tile < 2 || row_scaled(weight_scale, q.size(1))), op,
               ": tile must be -1 (the kernel's choice), 0 or 1, or with row scales 2 to 5; got ", tile);
   int sms = 0;
   TORCH_CHECK(q.is_cuda() && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device().index()) ==

@@ -403,7 +403,7 @@ using A8Tile3 = A8Tile<64, 8, 4>;
 // (ternary_wgmma_a8_ss.cu). A persistent grid of tile 5 (a CTA an SM walking the tiles, the output
 // stored from the accumulators while the next tile's blocks load) ran slower at every point
 // (9893d9d, results/h100/sweep_a8_row_ss_a9e8bb5.json, "tile:6") and was taken out again.
-constexpr int kA8Tiles = 8;
+constexpr int kA8Tiles = 6;
 constexpr int kSSMinM = 512;  // the smallest M the tile rule gives tile 5 (measured from there)
 
 int64_t ctas_of(int M, int N, int rows, int tokens) {
@@ -499,7 +499,7 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
       case 3:
         return launch_wgmma_a8<T, A8Tile3, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream);
       default:  // 4 and 5: the weights decoded into shared memory (ternary_wgmma_a8_ss.cu)
-        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked, stream);
+        return launch_ternary_wgmma_a8_ss<T>(q, qs, wp, ws, bt, ot, M, N, K, picked == 5 ? 256 : 128, stream);
     }
   });
 }

@@ -158,7 +158,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-template <typename T, typename Cfg, int kEpi>
+template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kSSThreads, 1)
     ternary_wgmma_a8_ss_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap c_map,
                                const float* __restrict__ qs, const __half* __restrict__ ws,
@@ -274,12 +274,12 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
   // Two roundings, as the spec has them (no contraction into one FMA). |S| <= 128 K: below
   // kExactAddMaxK the sum converts by two full-rate additions instead of the quarter-rate I2F.
-  const bool by_add = kEpi == 0 && K <= kExactAddMaxK;
+  const bool by_add = K <= kExactAddMaxK;
   auto scaled = [&](int i, int h, float sx) {
     const float s = by_add ? int_to_float_by_add(acc[i]) : static_cast<float>(acc[i]);
     return __fadd_rn(__fmul_rn(__fmul_rn(s, sw[h]), sx), bv[h]);
   };
-  if constexpr (sizeof(T) == 2 && kEpi != 1) {
+  if constexpr (sizeof(T) == 2) {
     // The accumulators of token group j (tokens 8 j ..) and row half h are the fragment of one 8 x 8
     // matrix [rows x tokens] as stmatrix takes it (lane g, q: row g, tokens 2q and 2q + 1 as one
     // packed pair). stmatrix .trans stores it as 8 tokens of 16 bytes (8 rows each), lanes 8 i ..
@@ -318,10 +318,10 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   copy_tile_out<T, BT, kSSRows, kPitch>(smem, out, m0, M, n0, N, ct, kSSConsumers);
 }
 
-template <typename T, typename Cfg, int kEpi>
+template <typename T, typename Cfg>
 cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws, const T* bias, T* out,
                       int M, int N, int K, cudaStream_t stream) {
-  auto kernel = ternary_wgmma_a8_ss_kernel<T, Cfg, kEpi>;
+  auto kernel = ternary_wgmma_a8_ss_kernel<T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap q_map, c_map;
@@ -342,12 +342,8 @@ cudaError_t launch_ss(const int8_t* q, const float* qs, const uint8_t* wp, const
 template <typename T>
 cudaError_t launch_ternary_wgmma_a8_ss(const int8_t* q, const float* qs, const uint8_t* wp, const __half* ws,
                                        const T* bias, T* out, int M, int N, int K, int tokens, cudaStream_t stream) {
-  switch (tokens) {  // EXPERIMENT: the tile number
-    case 4: return launch_ss<T, SSTile128, 0>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 6: return launch_ss<T, SSTile256, 1>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    case 7: return launch_ss<T, SSTile256, 2>(q, qs, wp, ws, bias, out, M, N, K, stream);
-    default: return launch_ss<T, SSTile256, 0>(q, qs, wp, ws, bias, out, M, N, K, stream);
-  }
+  return tokens == 256 ? launch_ss<T, SSTile256>(q, qs, wp, ws, bias, out, M, N, K, stream)
+                       : launch_ss<T, SSTile128>(q, qs, wp, ws, bias, out, M, N, K, stream);
 }
 
 template cudaError_t launch_ternary_wgmma_a8_ss<__half>(const int8_t*, const float*, const uint8_t*, const __half*,
