@@ -128,19 +128,6 @@ __device__ __forceinline__ uint32_t quad_ss(uint32_t word, uint32_t shift) {
   return r;
 }
 
-// int32 -> fp32 for |s| < 2^22, exactly: s added to the bits of 1.5 * 2^23 (whose ulp is 1) gives the
-// float 1.5 * 2^23 + s, and subtracting 1.5 * 2^23 leaves s. An integer add and a float add, both
-// full rate, where the conversion instruction runs at a quarter of it.
-constexpr uint32_t kExactAddBits = 0x4B400000u;  // 1.5 * 2^23
-constexpr float kExactAddBias = 12582912.0f;
-// |S| <= 128 K (int8 activations, ternary weights) is below 2^22 up to this K.
-constexpr int kExactAddMaxK = 32767;
-static_assert(128 * kExactAddMaxK < (1 << 22) && 128 * (kExactAddMaxK + 1) == (1 << 22), "the largest such K");
-
-__device__ __forceinline__ float int_to_float_by_add(int32_t s) {
-  return __fsub_rn(__uint_as_float(static_cast<uint32_t>(s) + kExactAddBits), kExactAddBias);
-}
-
 // Four 8 x 8 matrices of 16-bit values from their mma fragments (r[i]: matrix i), stored transposed:
 // lane l gives the address of the 16 bytes that hold column l % 8 of matrix l / 8.
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
@@ -272,12 +259,9 @@ __global__ void __launch_bounds__(kSSThreads, 1)
   asm volatile("bar.sync 1, %0;" ::"n"(kSSConsumers) : "memory");
   constexpr int kPitch = kSSRows * static_cast<int>(sizeof(T)) + 16;
   static_assert(BT * kPitch <= kStages * Cfg::kStageBytes, "the output tile fits in the stages");
-  // Two roundings, as the spec has them (no contraction into one FMA). |S| <= 128 K: below
-  // kExactAddMaxK the sum converts by two full-rate additions instead of the quarter-rate I2F.
-  const bool by_add = K <= kExactAddMaxK;
+  // Two roundings, as the spec has them (no contraction into one FMA).
   auto scaled = [&](int i, int h, float sx) {
-    const float s = by_add ? int_to_float_by_add(acc[i]) : static_cast<float>(acc[i]);
-    return __fadd_rn(__fmul_rn(__fmul_rn(s, sw[h]), sx), bv[h]);
+    return __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(acc[i]), sw[h]), sx), bv[h]);
   };
   if constexpr (sizeof(T) == 2) {
     // The accumulators of token group j (tokens 8 j ..) and row half h are the fragment of one 8 x 8
