@@ -7,7 +7,8 @@ picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M ran
 is what both were chosen from (the committed ``sweep_tiles.json`` ran at a commit that still
 had six tiles, 0-5; tiles 0 and 2 there are tiles 0 and 1 here): for each of bench_linear's eight shapes and each M, the time of
 every tile (``tile:<i>``), of the kernel's own choice (``tile:auto``) and of cuBLAS bf16, with
-bench_linear's method (CUDA-graph replays over weight copies rotated past the L2). Every tile's
+bench_linear's method (CUDA-graph replays over weight copies rotated past the L2, all of a cell's
+graphs taking turns in each round, a new order each round). Every tile's
 output is first checked against ``F.linear`` on the dequantized weights (``max_rel_err``).
 
 ``--kernel wgmma`` does the same for the Hopper kernel (``ternop/cuda/csrc/ternary_wgmma.cu``,
@@ -41,7 +42,7 @@ import ternop
 from ternop import layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_linear import DTYPE, _report, _shape_list, copies_for, families, make_weights, time_graph  # noqa: E402
+from bench_linear import DTYPE, _report, _shape_list, capture, copies_for, families, make_weights, time_interleaved  # noqa: E402
 
 MS = [17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 SMALL_MS = [1, 4, 8, 12, 16]
@@ -101,7 +102,8 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
                 ref = F.linear(x, dense[0]).float()
-                row = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
+                calls = max(len(dense), len(packed))
+                graphs = {"cublas_bf16": capture(lambda i: F.linear(x, dense[i % len(dense)]), calls)}
                 errs = {}
                 runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
                 if kernel in ("mma", "mma_a8", "mma_a8_fused"):
@@ -110,8 +112,11 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                     name = f"tile:{tile if tile >= 0 else 'auto'}{tag}"
                     y = call(x, *packed[0], tile, depth).float()
                     errs[name] = float((y - ref).norm() / ref.norm())
-                    row[name] = time_graph(lambda i, t=tile, d=depth: call(x, *packed[i % len(packed)], t, d),
-                                           len(packed))
+                    graphs[name] = capture(lambda i, t=tile, d=depth: call(x, *packed[i % len(packed)], t, d), calls)
+                # Taking turns, as bench_linear's implementations do: timed one after another, the
+                # same kernel under two names (a tile and the auto pick of it) read up to 10% apart.
+                row = time_interleaved(graphs, calls)
+                del graphs
                 base_us = row["cublas_bf16"]
                 for name, us in row.items():
                     results.append({
