@@ -109,6 +109,13 @@ def accumulators(cw: int, lane: int) -> dict[int, tuple[int, int]]:
             for j in range(TOKENS // 8) for h in (0, 1) for e in (0, 1)}  # fmt: skip
 
 
+def stmatrix_address(cw: int, lane: int, pitch: int = PITCH) -> int:
+    """The staging offset lane `lane` of consumer warp cw gives stmatrix for j = 0, as the kernel's
+    st0: token 8 (mi / 2) + lane % 8 of the pair of groups, row half mi % 2 of the warp's 16 rows."""
+    mi = lane // 8
+    return (8 * (mi // 2) + lane % 8) * pitch + (16 * cw + 8 * (mi % 2)) * 2
+
+
 def stage_16_bit(pitch: int = PITCH) -> tuple[dict[int, tuple[int, int]], np.ndarray]:
     """The kernel's stmatrix loop on the whole tile, with stmatrix .trans as PTX defines it: lane l
     holds element (l / 4, 2 (l % 4) + e) of matrix i in the e-th half of r[i]; (r, c) of matrix i goes
@@ -122,8 +129,7 @@ def stage_16_bit(pitch: int = PITCH) -> tuple[dict[int, tuple[int, int]], np.nda
             # p[2 jj + h] = pack2(acc[4 (j + jj) + 2 h], acc[4 (j + jj) + 2 h + 1])
             regs = [[(frags[lane][4 * (j + i // 2) + 2 * (i % 2)], frags[lane][4 * (j + i // 2) + 2 * (i % 2) + 1])
                      for i in range(4)] for lane in range(32)]  # fmt: skip
-            addr = [(8 * (lane // 8 // 2) + lane % 8) * pitch + (16 * cw + 8 * (lane // 8 % 2)) * 2 + 8 * j * pitch
-                    for lane in range(32)]  # fmt: skip
+            addr = [stmatrix_address(cw, lane, pitch) + 8 * j * pitch for lane in range(32)]
             for i in range(4):
                 for lane in range(32):
                     r, c0 = lane // 4, 2 * (lane % 4)
@@ -148,7 +154,7 @@ def matrix_banks(pitch: int) -> list[list[int]]:
         for lane0 in range(0, 32, 8):
             banks = []
             for lane in range(lane0, lane0 + 8):
-                start = (8 * (lane // 8 // 2) + lane % 8) * pitch + (16 * cw + 8 * (lane // 8 % 2)) * 2
+                start = stmatrix_address(cw, lane, pitch)
                 banks += [(start // 4 + w) % 32 for w in range(4)]
             out.append(sorted(banks))
     return out
@@ -161,6 +167,6 @@ def test_the_16_bit_epilogue_matrices_hit_every_bank_once():
 def test_the_replay_tells_a_wrong_pitch():
     """Without the 16 bytes of padding the outputs still land right, but a matrix's 8 tokens all
     start in the same bank."""
-    staged, writes = stage_16_bit(ROWS * 2)
+    staged, _ = stage_16_bit(ROWS * 2)
     assert all(at == token * ROWS * 2 + 2 * row for at, (row, token) in staged.items())
     assert not any(banks == list(range(32)) for banks in matrix_banks(ROWS * 2))
