@@ -429,15 +429,17 @@ def host_rule_edges(n: int, k: int) -> list[int]:
 
 
 WGMMA_A8_SMEM_MIN_M = 512
+WGMMA_A8_SMEM_SHORT_K = 4096
 
 
-def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
+def wgmma_a8_row_tile(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
     """(tile, CTAs) of a row-scaled cuda_wgmma_a8 launch before any split of K, as
     ``ternary_wgmma_a8_tile`` in ternary_wgmma_a8.cu picks the tile (tests/cuda/test_wgmma_tile_rule.py
     holds the two to each other): 0 (128 rows x 64 tokens) up to M = 64; from M = WGMMA_A8_SMEM_MIN_M,
     5 (128 x 256, the weights decoded into shared memory) where its CTAs fill the GPU and their last
-    wave to 80% or more; from M = 2048, 2 (192 x 128) where its CTAs fill the GPU; else 1 (128 x 128)
-    where its CTAs fill three quarters of it, or 0."""
+    wave to 80% or more, else, below K = WGMMA_A8_SMEM_SHORT_K, 4 (the same kernel on 128 x 128) where
+    its CTAs make one wave that fills 90% of the GPU or more; from M = 2048, 2 (192 x 128) where its
+    CTAs fill the GPU; else 1 (128 x 128) where its CTAs fill three quarters of it, or 0."""
     def ctas(rows: int, tokens: int) -> int:
         return -(-n // rows) * -(-m // tokens)
 
@@ -447,6 +449,9 @@ def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
         count = ctas(128, 256)
         if count >= sms and 5 * count >= 4 * -(-count // sms) * sms:
             return 5, count
+        count = ctas(128, 128)
+        if k < WGMMA_A8_SMEM_SHORT_K and 9 * sms <= 10 * count <= 10 * sms:
+            return 4, count
     if m >= 2048 and ctas(192, 128) >= sms:
         return 2, ctas(192, 128)
     if 4 * ctas(128, 128) >= 3 * sms:
@@ -465,15 +470,16 @@ def wgmma_a8_row_tile(m: int, n: int, sms: int) -> tuple[int, int]:
 # 0.99-1.09x and 1.04-1.22x; on the 0.6B layers 0.99-1.08x at 2048 (where it runs) against 0.86-0.94x,
 # and 0.84-1.05x at 8192 against 0.73-1.05x. So wherever the kernel takes tile 5, the dense path leaves
 # the call to it. (Before, at 5966225, the tile was ahead on the K >= 4096 layers only.)
-def wgmma_a8_smem_takes(m: int, n: int, device: torch.device) -> bool:
-    """Whether a row-scaled (M, N) goes to cuda_wgmma_a8's shared-memory tile before the dense int8 path."""
-    return wgmma_a8_row_tile(m, n, sm_count(device))[0] == 5
+def wgmma_a8_smem_takes(m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether a row-scaled (M, N, K) goes to cuda_wgmma_a8's shared-memory tile of 256 tokens before
+    the dense int8 path."""
+    return wgmma_a8_row_tile(m, n, k, sm_count(device))[0] == 5
 
 
 def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
     """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
     sms = sm_count(device)
-    tile, ctas = wgmma_a8_row_tile(m, n, sms)
+    tile, ctas = wgmma_a8_row_tile(m, n, k, sms)
     if tile == 5:  # the shared-memory tile: ahead of triton_a8 at every point it ran in 72e4256's run (above)
         return ""
     if k < WGMMA_A8_ROW_MIN_K:

@@ -245,7 +245,7 @@ def _dequant_a8_rules(call: backends.LinearCall) -> str:
     # Where cuda_wgmma_a8 is the better choice, it takes the call if it can run here: with its
     # shared-memory tile (configs.wgmma_a8_smem_takes), and above the graphs' M, where its one C++
     # launch costs less host time (configs.EAGER_A8_ROW_MAX_MNK).
-    if configs.wgmma_a8_smem_takes(call.m, call.n, call.x.device):
+    if configs.wgmma_a8_smem_takes(call.m, call.n, call.k, call.x.device):
         why = (f"M={call.m}, N={call.n}, K={call.k}: cuda_wgmma_a8's tile that decodes the weights into "
                f"shared memory is faster than the dense int8 GEMM (configs.wgmma_a8_smem_takes)")
     elif configs.eager_a8_row_host_bound(call.m, call.n, call.k):

@@ -304,12 +304,12 @@ def test_registry_dense_int8_path_leaves_the_shared_memory_tiles_calls_to_it(mon
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
     for m, n, k in ((2048, 14336, 4096), (8192, 4096, 4096), (16384, 28672, 4096), (8192, 4096, 1024),
                     (8192, 1024, 3072), (2048, 6144, 1024)):  # fmt: skip
-        assert configs.wgmma_a8_smem_takes(m, n, DEV), (m, n)
+        assert configs.wgmma_a8_smem_takes(m, n, k, DEV), (m, n, k)
         ok, why = registry._can_cuda_dequant_a8(_shape_call(m, k=k, n=n))
         assert not ok and "decodes the weights into shared memory" in why, (m, n, k)
         assert registry._can_cuda_wgmma_a8(_shape_call(m, k=k, n=n)) == (True, ""), (m, n, k)
-    assert not configs.wgmma_a8_smem_takes(512, 4096, DEV)
-    assert not configs.wgmma_a8_smem_takes(4096, 1152, DEV)
+    assert not configs.wgmma_a8_smem_takes(512, 4096, 4096, DEV)
+    assert not configs.wgmma_a8_smem_takes(4096, 1152, 1024, DEV)
     assert registry._can_cuda_dequant_a8(_shape_call(4096, k=1024, n=1152)) == (True, "")
     monkeypatch.setenv("TERNOP_SKIP_BACKENDS", "cuda_wgmma_a8")
     backends.clear_cache()
@@ -496,7 +496,7 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe(monkeypatch):
             continue  # run inside CUDA graphs, where host time is not paid
         wall = {name: t["gpu_us"] for name, t in row["by_backend"].items()}
         cpp, dense = wall["cuda_wgmma_a8"], wall["cuda_dequant_a8"]
-        if configs.wgmma_a8_smem_takes(m, n, DEV):
+        if configs.wgmma_a8_smem_takes(m, n, k, DEV):
             ok, why = registry._can_dequant_a8(_shape_call(m, k=k, n=n))
             assert not ok and "configs.wgmma_a8_smem_takes" in why, (m, n, k)
             tiled += 1

@@ -940,7 +940,7 @@ def test_linear_cuda_a8_row_shared_memory_tile_takes_the_k4096_layers_and_captur
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
         _skip_unless_wgmma("cuda_wgmma_a8")
-        if not configs.wgmma_a8_smem_takes(m, n, x.device):
+        if not configs.wgmma_a8_smem_takes(m, n, 4096, x.device):
             pytest.skip("the shared-memory tile's CTAs do not fill a GPU of this many SMs")
         assert backends.select(_call(x, packed, row, bits=8, layout="a8")).name == "cuda_wgmma_a8"
         eager = ternop.linear(x, packed, row, activation_bits=8, layout="a8")

@@ -405,6 +405,7 @@ using A8Tile3 = A8Tile<64, 8, 4>;
 // (9893d9d, results/h100/sweep_a8_row_ss_a9e8bb5.json, "tile:6") and was taken out again.
 constexpr int kA8Tiles = 6;
 constexpr int kSSMinM = 512;  // the smallest M the tile rule gives tile 5 (measured from there)
+constexpr int kSSShortK = 4096;  // below it the tile rule may give tile 4 (measured on K = 1024..3072)
 
 int64_t ctas_of(int M, int N, int rows, int tokens) {
   return static_cast<int64_t>((N + rows - 1) / rows) * ((M + tokens - 1) / tokens);
@@ -450,10 +451,13 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
 //   warps) it was the fastest tile at every point where this rule takes it, 10 of the 12 points of
 //   the 8B layers (at M = 2048 and 8192 1.43-1.65x of cuBLAS bf16 with the quantization of x, against
 //   0.99-1.34x for the other tiles' best) and six of the 0.6B layers; it lost where its CTAs do not
-//   fill the GPU (4096->4096 and 14336->4096 at 512, the N = 1024 layers below 8192). Below this
-//   rule's reach the short-K layers (K < 4096) ran 7-35% faster on tile 4 (128 tokens) than on the
-//   rule's tile at three points, and 1024->6144 at M = 512 (96 CTAs) 1.8x faster on tile 5: no rule
-//   takes those yet;
+//   fill the GPU (4096->4096 and 14336->4096 at 512, the N = 1024 layers below 8192);
+// - from 512 with row scales and K < kSSShortK, where tile 5 does not fill the GPU, tile 4 (the same
+//   kernel on 128 tokens) where its CTAs make one wave that fills 90% of the SMs or more: in the same
+//   sweep those were the three points of the short-K layers where tile 4 was the fastest tile, 7-35%
+//   ahead of the tile the rule took before (2048->1024 and 3072->1024 at M = 2048: 0.76x of cuBLAS
+//   bf16 against 0.66x and 0.71x; 1024->4096 at 512: 0.78x against 0.59x). 1024->6144 at M = 512
+//   (96 CTAs of tile 5) ran 1.8x faster on tile 5 than on the rule's tile: no rule takes it yet;
 // - from 2048 with row scales, tile 2 where its CTAs fill the GPU (its extra weight rows read each
 //   token block from L2 fewer times);
 // - otherwise tile 1 where its CTAs fill three quarters of the GPU, else tile 0.
@@ -462,12 +466,14 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
 // CTAs (1.45x against tile 0's 1.30x on 4096->14336 at M = 128), tile 0 where it makes more CTAs
 // than tile 1's 32-64 (4096->4096 at M = 128..256); tile 2 lost below M = 2048 (1.13-1.20x at
 // M = 128 on the wide layers).
-int ternary_wgmma_a8_tile(int M, int N, int sms, int tile, bool row) {
+int ternary_wgmma_a8_tile(int M, int N, int K, int sms, int tile, bool row) {
   if (tile >= 0 && tile < (row ? kA8Tiles : 2)) return tile;
   if (M <= A8Tile0::BT) return 0;
   if (row && M >= kSSMinM) {
     const int64_t ctas = ctas_of(M, N, 128, 256), waves = (ctas + sms - 1) / sms;
     if (ctas >= sms && 5 * ctas >= 4 * waves * sms) return 5;
+    const int64_t ctas4 = ctas_of(M, N, 128, 128);
+    if (K < kSSShortK && ctas4 <= sms && 10 * ctas4 >= 9 * sms) return 4;
   }
   if (row && M >= 2048 && ctas_of(M, N, A8Tile2::kRows, A8Tile2::BT) >= sms) return 2;
   return 4 * ctas_of(M, N, A8Tile1::kRows, A8Tile1::BT) >= 3 * sms ? 1 : 0;
@@ -486,7 +492,7 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
     using T = decltype(tag);
     const T* bt = static_cast<const T*>(bias);
     T* ot = static_cast<T*>(out);
-    const int picked = ternary_wgmma_a8_tile(M, N, sms, tile, row);
+    const int picked = ternary_wgmma_a8_tile(M, N, K, sms, tile, row);
     switch (picked) {
       case 0:
         return row ? launch_wgmma_a8<T, A8Tile0, true>(q, qs, wp, ws, bt, ot, M, N, K, sms, stream)
