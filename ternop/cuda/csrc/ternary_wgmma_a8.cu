@@ -402,7 +402,9 @@ using A8Tile3 = A8Tile<64, 8, 4>;
 // producer warps into shared memory and both wgmma operands read from there
 // (ternary_wgmma_a8_ss.cu). A persistent grid of tile 5 (a CTA an SM walking the tiles, the output
 // stored from the accumulators while the next tile's blocks load) ran slower at every point
-// (9893d9d, results/h100/sweep_a8_row_ss_a9e8bb5.json, "tile:6") and was taken out again.
+// (9893d9d, results/h100/sweep_a8_row_ss_a9e8bb5.json, "tile:6") and was taken out again. Tried
+// again after the decoders changed (results/h100/sweep_a8_row_persistent_10dee87.json): the kernel
+// rewritten to walk tiles lost more than the persistent grid gained (docs/KERNELS.md).
 constexpr int kA8Tiles = 6;
 constexpr int kSSMinM = 512;  // the smallest M the tile rule gives tile 5 (measured from there)
 constexpr int kSSShortK = 4096;  // below it the tile rule may give tile 4 (measured on K = 1024..3072)
