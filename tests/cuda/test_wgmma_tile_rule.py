@@ -182,11 +182,13 @@ def test_wgmma_a8_row_shared_memory_tile_is_taken_where_it_was_fastest(a8_row_ti
     assert set(_slowdowns(a8_row_tile, shared, names).values()) == {1.0}
     gain = {point: small[point]["tile:1"] / small[point]["tile:4"] for point in shared if picked[point] == 4}
     assert all(1.06 <= g <= 1.35 for g in gain.values()), gain
+    left = {point: min(names, key=lambda t: small[point][names[t]]) for point in small if point not in shared}
+    assert left == {(512, 1024, 2048): 0, (512, 1024, 3072): 0, (512, 6144, 1024): 5}, left
 
 
 def test_wgmma_a8_row_tile_mirror_in_configs_matches_the_kernel(a8_row_tile):
     """configs.wgmma_a8_row_tile, which the dispatch rule uses to count a launch's CTAs, picks the
-    tile the kernel picks, at every M and N of a grid around the rule's edges."""
+    tile the kernel picks, at every M, N and K of a grid around the rule's edges."""
     points = [(m, n, k) for m in (1, 17, 64, 65, 96, 128, 129, 200, 256, 384, 511, 512, 1000, 1024, 2047, 2048,
                                   4096, 8192)
               for n in (128, 1000, 1024, 1056, 1152, 4096, 6144, 12288, 14336, 24576, 28672)
