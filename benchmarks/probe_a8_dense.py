@@ -4,7 +4,7 @@ Times, per shape and M (weights rotated past L2, CUDA-graph replays, as bench_li
 cuBLAS bf16, the dispatcher's ternop_a8_row, torch._int_mm on dense int8 weights (cuBLAS's
 int8 ceiling, no scaling), the Triton dense int8 GEMM with the row-scale epilogue alone, the
 decode kernel alone, and decode + GEMM + quantization together; checks the last against the
-dispatcher bit for bit. With ``--quant``, the two per-token quantization kernels alone instead.
+dispatcher bit for bit.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ternop.cuda.triton_decode import decode_a8
 from ternop.cuda.triton_fused import grouped_tile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_linear import SHAPES, capture, copies_for, make_weights, time_graph, time_interleaved  # noqa: E402
+from bench_linear import SHAPES, copies_for, make_weights, time_graph  # noqa: E402
 from stamp import git_commit  # noqa: E402
 
 
@@ -115,50 +115,43 @@ def dense(q, qs, w8, s, out, cfg):
         dense_tma_kernel[grid](*args, WS=kind == "ws", STAGES=stages, **common)
 
 
-def probe_quant(out_path, ms):
-    """The per-token quantization alone: the Triton kernel (``launch_fused.quantize_rows``, which
-    triton_a8 and dequant_a8 run) against the C++ one (``ternop::quantize_rows_cuda``, which the C++
-    W2A8 backends run), taking turns, bf16 x rotated past L2; checks that both give the same bits."""
-    from ternop.cuda import cuda_ext
+def probe_quant(out_path):
+    """quant_rows_kernel's BLOCK_K and warps at large M: one read of the row (BLOCK_K >= K) or two."""
+    from ternop.cuda.triton_fused import quant_rows_kernel
 
-    ok, why = cuda_ext.load()
-    if not ok:
-        raise SystemExit(f"the C++ extension did not build: {why}")
     rows = []
     for k in (1024, 2048, 3072, 4096, 14336):
-        for m in ms:
-            copies = copies_for(3 * m * k, cap=64)
-            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-            q_t, s_t = quantize_rows(xs[0])
-            q_c, s_c = torch.ops.ternop.quantize_rows_cuda(xs[0])
-            if not (torch.equal(q_t, q_c) and torch.equal(s_t, s_c)):
-                raise SystemExit(f"K={k} M={m}: the two kernels give different bits")
-            calls = copies
-            graphs = {"triton": capture(lambda i: quantize_rows(xs[i % copies]), calls),
-                      "cuda": capture(lambda i: torch.ops.ternop.quantize_rows_cuda(xs[i % copies]), calls)}
-            us = {name: round(t, 2) for name, t in time_interleaved(graphs, calls).items()}
-            floor = 3 * m * k / 4.8e6  # us at 4.8 TB/s, the H200's HBM3e peak
-            print(f"quant K={k:5d} M={m:5d} triton {us['triton']:7.2f}us cuda {us['cuda']:7.2f}us "
-                  f"({us['triton'] / us['cuda']:.2f}x; {3 * m * k / us['cuda'] / 1e3:.0f} GB/s; "
-                  f"4.8 TB/s floor {floor:.2f}us)", flush=True)
-            rows.append({"K": k, "M": m, "us": us, "floor_us_4_8TBps": round(floor, 2)})
-            del xs, graphs
-    Path(out_path).write_text(json.dumps({"commit": git_commit(), "device": torch.cuda.get_device_name(),
-                                          "quant": rows}, indent=1))
+        for m in (2048, 8192):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            q = torch.empty((m, k), dtype=torch.int8, device="cuda")
+            qs = torch.empty((m,), dtype=torch.float32, device="cuda")
+            res = {}
+            for bk in (1024, 2048, 4096, 8192, 16384):
+                for warps in (4, 8, 16):
+                    if bk < 1024 or bk // (32 * warps) < 4:
+                        continue
+                    fn = lambda i: quant_rows_kernel[(m,)](x, q, qs, k, x.stride(0), q.stride(0), BLOCK_K=bk,
+                                                           num_warps=warps, enable_fp_fusion=False)
+                    res[f"bk{bk}w{warps}"] = round(time_graph(fn, 10), 2)
+            res["current"] = round(time_graph(lambda i: quantize_rows(x), 10), 2)
+            best = min((v, kk) for kk, v in res.items())
+            print(f"quant K={k:5d} M={m:5d} current {res['current']:7.1f}us best {best[1]} {best[0]:7.1f}us "
+                  f"(HBM floor {3 * m * k / 4.0e6:6.1f}us at 4 TB/s)", flush=True)
+            rows.append({"K": k, "M": m, "us": res})
+    Path(out_path).write_text(json.dumps({"commit": git_commit(), "quant": rows}, indent=1))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--ms", default="128,512,2048,8192")
-    ap.add_argument("--quant", action="store_true",
-                    help="time the Triton and the C++ quantization kernels instead (at --ms)")
+    ap.add_argument("--quant", action="store_true", help="time the quantization kernel's variants instead")
     ap.add_argument("--shapes", default="", help="K:N,... (default: every shape of bench_linear)")
     ap.add_argument("--dispatcher-only", action="store_true",
                     help="time cuBLAS bf16 and the dispatcher's ternop_a8_row only (no probe kernels)")
     args = ap.parse_args()
     if args.quant:
-        probe_quant(args.out, [int(v) for v in args.ms.split(",")])
+        probe_quant(args.out)
         return 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     configs = [] if args.dispatcher_only else CONFIGS

@@ -16,14 +16,10 @@
     ternop::linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
                                  Tensor? bias, ScalarType dtype, int tile=-1) -> Tensor
     ternop::decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor
-    ternop::quantize_rows_cuda(Tensor x) -> (Tensor, Tensor)
 
 ``decode_int8_cuda`` is not a product: it returns the values of uint8 [N, K/4] codes in ``layout``
 (0 = v1, 1 = a16, 2 = a8) as int8 [N, K], -1, 0 or +1 without the scale, the dense operand of the
-W2A8 int8 GEMM (``launch_dequant_a8.int8_gemm``) from one C++ launch. ``quantize_rows_cuda``
-is not a product either: x [M, K] (fp16/bf16/fp32, any strides, K a multiple of 128) quantized per
-token, (q int8 [M, K], s_x fp32 [M]) exactly as ``ternop.activations.quantize_rows`` makes them, the
-first launch of the C++ W2A8 backends when a call brings x itself.
+W2A8 int8 GEMM (``launch_dequant_a8.int8_gemm``) from one C++ launch.
 
 The schemas live here, next to every other ternop schema, so they exist (and trace) whether
 or not the extension was built; ``csrc/linear_cuda.cpp`` only registers the CUDA kernels,
@@ -79,11 +75,10 @@ _lib.define(
 )
 
 _lib.define("decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor")
-_lib.define("quantize_rows_cuda(Tensor x) -> (Tensor, Tensor)")
 
 OPS = (
     "linear_cuda", "linear_cuda_mma", "linear_cuda_mma_a8", "linear_cuda_mma_a8_fused", "linear_cuda_dequant",
-    "linear_cuda_mma_tiles", "linear_cuda_wgmma", "linear_cuda_wgmma_a8", "decode_int8_cuda", "quantize_rows_cuda",
+    "linear_cuda_mma_tiles", "linear_cuda_wgmma", "linear_cuda_wgmma_a8", "decode_int8_cuda",
 )
 
 
@@ -140,12 +135,6 @@ def _linear_cuda_wgmma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, 
 def _decode_int8_cuda_fake(weight_packed, layout):
     torch._check(weight_packed.dim() == 2, lambda: f"weight_packed must be [N, K/4], got {tuple(weight_packed.shape)}")
     return weight_packed.new_empty((weight_packed.shape[0], weight_packed.shape[1] * 4), dtype=torch.int8)
-
-
-@torch.library.register_fake("ternop::quantize_rows_cuda", lib=_lib)
-def _quantize_rows_cuda_fake(x):
-    torch._check(x.dim() == 2, lambda: f"expected a 2-D [M, K] input, got {tuple(x.shape)}")
-    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[:1], dtype=torch.float32)
 
 
 def has_kernel(op: str) -> bool:

@@ -39,7 +39,6 @@ SOURCES = (
     CSRC / "ternary_wgmma.cu",
     CSRC / "ternary_wgmma_a8.cu",
     CSRC / "ternary_wgmma_a8_ss.cu",
-    CSRC / "quantize_rows.cu",
 )
 ENV_CACHE = "TERNOP_CUDA_CACHE"
 ENV_DISABLE = "TERNOP_NO_CUDA_EXT"

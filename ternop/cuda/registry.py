@@ -265,21 +265,20 @@ def _can_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
     return (mod is not None), why
 
 
-def _dense_int8(decode, cpp: bool):
+def _dense_int8(decode):
     """The run of a backend that decodes the codes to a dense int8 weight with ``decode(mod, call)``
-    and then runs dequant_a8's int8 GEMM (``launch_dequant_a8.int8_gemm``); ``cpp``: x is
-    quantized by the C++ kernel (``_rows``)."""
+    and then runs dequant_a8's int8 GEMM (``launch_dequant_a8.int8_gemm``)."""
 
     def run(call: backends.LinearCall) -> torch.Tensor:
         config, _ = configs.lookup("dequant_a8", call.m, call.x.device, True)
         mod, _ = _module("launch_dequant_a8")
-        q, qs = _rows(call, cpp)
+        q, qs = _rows(call)
         return mod.int8_gemm(q, qs, decode(mod, call), call.weight_scale, call.bias, config, call.dtype)
 
     return run
 
 
-_run_dequant_a8 = _dense_int8(lambda mod, call: mod.decode_int8(call.weight_packed, call.layout), cpp=False)
+_run_dequant_a8 = _dense_int8(lambda mod, call: mod.decode_int8(call.weight_packed, call.layout))
 
 
 # dequant_a8's decode costs a Triton launch, 32-38 us of host time a call on the H200 at M = 16384
@@ -289,8 +288,7 @@ _run_dequant_a8 = _dense_int8(lambda mod, call: mod.decode_int8(call.weight_pack
 # Timed side by side on the H200 (results/h200/probe_host_call_a8_3070b64.json, the 0.6B layers at
 # M = 8192 and 16384, where the GPU time exceeds the host time): 13-16 us less host time a call,
 # and GPU time from 5% less to 2% more. So it goes first wherever dequant_a8 would run, and
-# dequant_a8 remains for a machine whose C++ extension does not build. Since then x's quantization
-# also runs from C++ (ternop::quantize_rows_cuda), as for the other C++ W2A8 backends.
+# dequant_a8 remains for a machine whose C++ extension does not build.
 
 
 def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
@@ -313,7 +311,7 @@ def _can_cuda_dequant_a8(call: backends.LinearCall) -> tuple[bool, str]:
 
 
 _run_cuda_dequant_a8 = _dense_int8(
-    lambda mod, call: torch.ops.ternop.decode_int8_cuda(call.weight_packed, LAYOUT_CODES[call.layout]), cpp=True
+    lambda mod, call: torch.ops.ternop.decode_int8_cuda(call.weight_packed, LAYOUT_CODES[call.layout])
 )
 
 
@@ -435,6 +433,9 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     why = _mma_bucket("cuda_mma_a8", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why
+    mod, why = _module("launch_fused")  # the per-token quantization runs in Triton
+    if mod is None:
+        return False, why
     return _cuda_ext_ready(call, ("a8",))
 
 
@@ -502,6 +503,9 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
            or _mma_bucket("cuda_wgmma_a8", call, "wgmma"))  # fmt: skip
     if why:
         return False, why
+    mod, why = _module("launch_fused")  # the per-token quantization runs in Triton
+    if mod is None:
+        return False, why
     ok, why = _cuda_ext_ready(call, ("a8",))
     if not ok:
         return ok, why
@@ -531,22 +535,18 @@ def _contiguous(call: backends.LinearCall):
     return call.x.contiguous(), call.weight_packed, call.weight_scale, _bias(call)
 
 
-def _rows(call: backends.LinearCall, cpp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(call: backends.LinearCall) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8 [M, K], s_x fp32 [M]): as the call brings them (ternop::linear_q8), or x
-    quantized per token: by the C++ kernel (ternop::quantize_rows_cuda) where ``cpp``, for the
-    backends that loaded the extension anyway (one launch from C++, no Triton launch's host time),
-    else by the Triton kernel. Both give the spec's bits."""
+    quantized per token by the Triton kernel."""
     if call.quantized:
         return call.x.contiguous(), call.x_scale
-    if cpp:
-        return torch.ops.ternop.quantize_rows_cuda(call.x)
     mod, _ = _module("launch_fused")
     return mod.quantize_rows(call.x)
 
 
 def _quantized(call: backends.LinearCall):
     """The arguments of the C++ W2A8 ops but the output dtype."""
-    return *_rows(call, cpp=True), call.weight_packed, call.weight_scale, _bias(call)
+    return *_rows(call), call.weight_packed, call.weight_scale, _bias(call)
 
 
 def _run_cuda_wgmma_a8(call: backends.LinearCall) -> torch.Tensor:
@@ -591,8 +591,7 @@ def _m_class(m: int) -> str:
 
 
 def _quant_variant(call: backends.LinearCall) -> tuple:
-    """The Triton per-token quantization kernel a call of triton_a8 or dequant_a8 runs first, if
-    any (the C++ backends quantize with the extension's kernel, built once for every M)."""
+    """The per-token quantization kernel a call of the int8 backends runs first, if any."""
     if call.quantized:
         return ()
     mod, _ = _module("launch_fused")
@@ -619,25 +618,19 @@ def _table_variant(name: str, takes_m: bool = True):
     return variant
 
 
-def _dense_int8_variant(cpp: bool):
-    """The Triton kernels of the dense int8 path: its GEMM, and the quantization unless ``cpp``."""
-
-    def variant(call: backends.LinearCall) -> tuple:
-        return (_m_class(call.m), *(() if cpp else _quant_variant(call)))
-
-    return variant
+def _dense_int8_variant(call: backends.LinearCall) -> tuple:
+    return (_m_class(call.m), *_quant_variant(call))
 
 
 BACKENDS = (
     backends.Backend("cuda_mma_a8_fused", "cuda", 4, _can_cuda_mma_a8_fused, _run_cuda_mma_a8_fused),
     backends.Backend("cuda_mma", "cuda", 5, _can_cuda_mma, _run_cuda_mma),
-    backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8),
+    backends.Backend("cuda_mma_a8", "cuda", 6, _can_cuda_mma_a8, _run_cuda_mma_a8, _quant_variant),
     backends.Backend("cuda_wgmma", "cuda", 7, _can_cuda_wgmma, _run_cuda_wgmma),
     backends.Backend("cuda_mma_tiles", "cuda", 8, _can_cuda_mma_tiles, _run_cuda_mma_tiles),
-    backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8, _dense_int8_variant(cpp=False)),
-    backends.Backend("cuda_dequant_a8", "cuda", 8, _can_cuda_dequant_a8, _run_cuda_dequant_a8,
-                     _dense_int8_variant(cpp=True)),  # fmt: skip
-    backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8),
+    backends.Backend("dequant_a8", "cuda", 8, _can_dequant_a8, _run_dequant_a8, _dense_int8_variant),
+    backends.Backend("cuda_dequant_a8", "cuda", 8, _can_cuda_dequant_a8, _run_cuda_dequant_a8, _dense_int8_variant),
+    backends.Backend("cuda_wgmma_a8", "cuda", 9, _can_cuda_wgmma_a8, _run_cuda_wgmma_a8, _quant_variant),
     backends.Backend("cuda_gemv", "cuda", 10, _can_cuda_gemv, _run_cuda_gemv),
     backends.Backend("triton_a8", "cuda", 15, _can_fused("triton_a8", 8), _run_triton_a8, _fused_variant("triton_a8")),
     backends.Backend("triton_a16", "cuda", 20, _can_fused("triton_a16", 16), _run_triton_a16,

@@ -21,7 +21,7 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.parametrize(
     "name",
     ["ternary_gemv", "ternary_mma", "ternary_mma_a8", "ternary_dequant", "ternary_mma_tiles", "ternary_wgmma",
-     "ternary_wgmma_a8", "ternary_wgmma_a8_ss", "quantize_rows"],
+     "ternary_wgmma_a8", "ternary_wgmma_a8_ss"],
 )
 def test_nvcc_compiles_kernel_for_sm90(tmp_path, name):
     source = CSRC / f"{name}.cu"

@@ -17,7 +17,6 @@
 //   ternop::linear_cuda_wgmma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
 //                                Tensor? bias, ScalarType dtype, int tile=-1) -> Tensor
 //   ternop::decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor
-//   ternop::quantize_rows_cuda(Tensor x) -> (Tensor, Tensor)
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
 // ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
@@ -39,9 +38,7 @@
 // workspace), and
 // linear_cuda_wgmma_a8 is the W2A8 op's Hopper form (any M; ternary_wgmma_a8.cu). decode_int8_cuda
 // returns the weights' values as int8 [N, K] (-1, 0, +1, no scale; ternary_dequant.cu), the dense
-// operand of the W2A8 int8 GEMM at large M. quantize_rows_cuda returns x [M, K] (fp16/bf16/fp32,
-// any strides) quantized per token as ternop/activations.py says, (q int8 [M, K], qs fp32 [M]),
-// what the W2A8 ops above take (quantize_rows.cu). They allocate only through
+// operand of the W2A8 int8 GEMM at large M. They allocate only through
 // the caching allocator and launch on the current stream, so they are safe inside CUDA graph
 // capture.
 
@@ -85,8 +82,6 @@ cudaError_t launch_ternary_wgmma_a8(const int8_t* q, const float* qs, int out_dt
 cudaError_t launch_ternary_dequant(const uint8_t* wp, const __half* ws, int layout, int out_dtype, void* out, int N,
                                    int K, cudaStream_t stream);
 cudaError_t launch_ternary_decode_int8(const uint8_t* wp, int layout, int8_t* out, int N, int K, cudaStream_t stream);
-cudaError_t launch_quantize_rows(const void* x, int64_t ldx, int dtype, int8_t* q, float* qs, int M, int K, int sms,
-                                 cudaStream_t stream);
 }  // namespace ternop
 
 namespace {
@@ -339,28 +334,6 @@ at::Tensor decode_int8_cuda(const at::Tensor& weight_packed, int64_t layout) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_rows_cuda(const at::Tensor& x) {
-  const char* op = "ternop.quantize_rows_cuda";
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2, op, ": x must be a 2-D CUDA tensor, got ", x.sizes());
-  const int code = dtype_code(x.scalar_type());
-  TORCH_CHECK(code >= 0, op, ": x must be float16, bfloat16 or float32, got ", x.scalar_type());
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K >= 128 && K % 128 == 0 && K <= INT32_MAX && M <= INT32_MAX, op,
-              ": x must be [M, K] with K a positive multiple of 128 and both in int32, got ", x.sizes());
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor qs = at::empty({M}, x.options().dtype(at::kFloat));
-  if (M == 0) return {q, qs};
-  // The kernel reads rows as 16-byte vectors: any other x is copied first.
-  const bool rows_aligned = x.stride(1) == 1 && x.stride(0) >= K && (x.stride(0) * x.element_size()) % 16 == 0;
-  const at::Tensor xs = rows_aligned && aligned16(x) ? x : x.clone(at::MemoryFormat::Contiguous);
-  const cudaError_t err = ternop::launch_quantize_rows(xs.data_ptr(), xs.stride(0), code, q.data_ptr<int8_t>(),
-                                                       qs.data_ptr<float>(), static_cast<int>(M), static_cast<int>(K),
-                                                       sms_of(xs), stream_of(xs));
-  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-  return {q, qs};
-}
-
 // The shared body of the split-K a16 ops (mid and large M): x [M, K] fp16/bf16 with any row
 // stride that keeps rows 16-byte aligned, checks, the split count splits_of(M, N, K, sms), the fp32
 // workspace [splits, M, N] unless in_cluster(M, N, K, sms, splits) says the kernel adds its splits
@@ -437,5 +410,4 @@ TORCH_LIBRARY_IMPL(ternop, CUDA, m) {
   m.impl("linear_cuda_wgmma", &linear_cuda_wgmma);
   m.impl("linear_cuda_wgmma_a8", &linear_cuda_wgmma_a8);
   m.impl("decode_int8_cuda", &decode_int8_cuda);
-  m.impl("quantize_rows_cuda", &quantize_rows_cuda);
 }
