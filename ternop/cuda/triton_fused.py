@@ -210,14 +210,20 @@ def split_k_reduce_kernel(ws_ptr, rs_ptr, cs_ptr, b_ptr, out_ptr, M, N, stride_b
 
 
 @triton.jit
-def quant_rows_kernel(x_ptr, q_ptr, qs_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+def quant_rows_kernel(x_ptr, q_ptr, qs_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr,
+                      LAUNCH_DEPENDENTS: tl.constexpr = False):
     """One row of x -> int8 q and its fp32 scale, exactly as ``ternop.activations`` says.
 
     When BLOCK_K covers K the row is read once (at small M this kernel's latency is on the
     critical path of every layer); otherwise twice, for the absmax and for the rounding.
     Launch with enable_fp_fusion=False: the product x * inv must round before the rounding
-    to an integer, as in the reference.
+    to an integer, as in the reference. With LAUNCH_DEPENDENTS (sm_90+) each program first lets
+    the next kernel on the stream start, if that kernel was launched for it (programmatic
+    dependent launch): the small-M int8 kernel then loads its first weights while this one
+    runs, and waits for it before it reads q (``csrc/ternary_common.cuh``).
     """
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)

@@ -1060,6 +1060,46 @@ def test_linear_cuda_a8_graph_capture_replays(m):
         torch.testing.assert_close(y, ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8"), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_linear_cuda_mma_a8_reads_each_quantization_when_started_early(monkeypatch, m):
+    """From sm_90 the small-M int8 kernel may start before the quantization of its x has finished
+    (programmatic dependent launch) and must wait for it before it reads the int8 rows. Eight
+    layers chained in one CUDA graph, each layer's output the next one's input, replayed with new
+    x: every layer's output must be the CPU reference of the input it was given, bit for bit (row
+    scales leave no freedom). A kernel that read the rows too early would see the previous
+    replay's, or a half-written buffer."""
+    n = k = 1024
+    layers = []
+    for i in range(8):
+        v1, _ = random_packed(n, k, generator=torch.Generator().manual_seed(1000 + i))
+        layers.append((layouts.repack(v1.cuda(), "a8"), _row_scale(n)))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_mma_a8", x, layers[0][0], layers[0][1], bits=8, layout="a8")
+    _force(monkeypatch, "cuda_mma_a8")
+
+    def chain(h):
+        outs = [h]
+        for packed, row in layers:
+            outs.append(ternop.linear(outs[-1], packed, row, activation_bits=8, layout="a8"))
+        return outs
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(x)
+    for _ in range(6):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (packed, row) in enumerate(layers):
+            want = ternop.linear(outs[i].cpu(), packed.cpu(), row.cpu(), activation_bits=8, layout="a8")
+            assert torch.equal(outs[i + 1].cpu(), want), (m, i)
+
+
 def test_linear_cuda_a8_compile_dynamic_m_one_graph():
     v1, scale = _weights(1152, 1024)
     packed = layouts.repack(v1, "a8")

@@ -11,6 +11,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
 namespace ternop {
 
 // x's dtype, as linear_cuda.cpp passes it.
@@ -78,6 +83,58 @@ __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
+}
+
+// Programmatic dependent launch (sm_90 and later). A kernel started by launch_early may begin
+// while the kernel before it on the stream still runs, once every block of that kernel has
+// executed griddepcontrol.launch_dependents or finished (the per-token quantization kernel signals
+// first thing, ternop/cuda/triton_fused.py). Before it reads anything an earlier kernel writes, it
+// calls wait_for_prior_grids(), which returns once the prior grid has completed and its writes are
+// visible; before that it may read only what no kernel writes (the weights, their scales). Without
+// the launch attribute, or before sm_90, the wait returns at once.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Whether launches on the current device ask for an early start: sm_90 or later, unless the
+// environment sets TERNOP_PDL=0 (read once a process; benchmarks/bench_linear.py runs both).
+inline bool early_launch_allowed() {
+  static const bool wanted = [] {
+    const char* v = std::getenv("TERNOP_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  static std::atomic<signed char> hopper[64] = {};  // per device: 0 not asked yet, 1 yes, -1 no
+  int dev = 0;
+  if (!wanted || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  signed char known = hopper[dev].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    known = major >= 9 ? 1 : -1;
+    hopper[dev].store(known, std::memory_order_relaxed);
+  }
+  return known > 0;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
+// `early` (see wait_for_prior_grids: the kernel must wait before it reads what earlier kernels write).
+template <typename... Params, typename... Args>
+cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         bool early, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = early ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 // 1 <= M <= max_m, N >= 1, K a positive multiple of 128 (one scale block).

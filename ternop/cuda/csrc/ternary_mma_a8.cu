@@ -235,7 +235,10 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
     }
   }
 
-  // The first weight loads are in flight; quantize x meanwhile (kFused).
+  // The first weight loads are in flight. Launched early (launch_a8_t), the kernel may get here
+  // while the quantization that writes q and qs still runs: nothing an earlier kernel writes is
+  // read before this wait. Fused, x is quantized here while the loads arrive.
+  wait_for_prior_grids();
   if constexpr (kFused) quantize_rows_shared<T>(x, M, K, xq_shared, qs_shared, scratch);
   const int8_t* const qbase = kFused ? xq_shared : q;
   const int8_t* px[NT];  // token t * 8 + g, this lane's B column: 32 bytes per block
@@ -344,26 +347,26 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   const dim3 block(32 * split.groups * split.warps_k);
   const int wk = split.warps_log2;
   const size_t xq_bytes = static_cast<size_t>(M) * K;
-  if (x != nullptr && deep) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
-    ternary_mma_a8_kernel<T, 1, true, kDeepDepthA8><<<grid, block, xq_bytes, stream>>>(
-        nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
-  } else if (x != nullptr) {
-    ternary_mma_a8_kernel<T, 1, true, kDepthA8><<<grid, block, xq_bytes, stream>>>(
-        nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
-  } else if (deep && M <= 8) {
-    ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8><<<grid, block, 0, stream>>>(
-        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
-  } else if (deep) {
-    ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8><<<grid, block, 0, stream>>>(
-        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
-  } else if (M <= 8) {
-    ternary_mma_a8_kernel<T, 1, false, kDepthA8><<<grid, block, 0, stream>>>(
-        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
-  } else {
-    ternary_mma_a8_kernel<T, 2, false, kDepthA8><<<grid, block, 0, stream>>>(
-        q, qs, nullptr, wp, ws, row, bt, ot, M, N, K, wk);
+  if (x != nullptr) {  // fused quantization; the caller checked M <= kFusedMaxM and M * K <= kFusedMaxBytes
+    if (deep) {
+      ternary_mma_a8_kernel<T, 1, true, kDeepDepthA8><<<grid, block, xq_bytes, stream>>>(
+          nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
+    } else {
+      ternary_mma_a8_kernel<T, 1, true, kDepthA8><<<grid, block, xq_bytes, stream>>>(
+          nullptr, nullptr, x, wp, ws, row, bt, ot, M, N, K, wk);
+    }
+    return cudaGetLastError();
   }
-  return cudaGetLastError();
+  // From q and qs the kernel may start before the quantization that writes them has finished
+  // (programmatic dependent launch, ternary_common.cuh): its first weight loads then overlap the
+  // end of that kernel instead of following it.
+  auto kernel = deep ? (M <= 8 ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
+                               : ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>)
+                     : (M <= 8 ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
+                               : ternary_mma_a8_kernel<T, 2, false, kDepthA8>);
+  const T* no_x = nullptr;
+  return launch_early(kernel, grid, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
+                      N, K, wk);
 }
 
 }  // namespace
