@@ -548,6 +548,13 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     return _CAPABILITY_CACHE[index]
 
 
+def signals_dependents(device: torch.device) -> bool:
+    """Whether the kernels that quantize x per token (``quant_rows_kernel``, ``rms_norm_quant_kernel``)
+    let the next kernel start before they end: sm_90 and later, where the small-M int8 kernel is
+    launched for that (programmatic dependent launch, ``csrc/ternary_common.cuh``)."""
+    return device.type == "cuda" and device_capability(device)[0] >= 9
+
+
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of the device, cached per device index."""
     index = _index(device)

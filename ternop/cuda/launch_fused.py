@@ -82,19 +82,6 @@ def quant_block_k(m: int, k: int) -> int:
     return min(16384 if m < QUANT_TWO_PASS_MIN_M else 4096, triton.next_power_of_2(k))
 
 
-_SIGNALS: dict[torch.device, bool] = {}
-
-
-def _signals_dependents(device: torch.device) -> bool:
-    """Whether quant_rows_kernel lets the next kernel start early on ``device`` (sm_90 and later,
-    where the small-M int8 kernel is launched for that; see quant_rows_kernel)."""
-    if device.type != "cuda":
-        return False
-    if device not in _SIGNALS:
-        _SIGNALS[device] = torch.cuda.get_device_capability(device)[0] >= 9
-    return _SIGNALS[device]
-
-
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token int8 quantization of x [M, K] on its device, exactly as ``ternop.activations``."""
     m, k = x.shape
@@ -108,7 +95,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     quant_rows_kernel[(m,)](
         x, q, qs, k, x.stride(0), q.stride(0),
         BLOCK_K=block_k, num_warps=8 if block_k >= 8192 else 4,
-        LAUNCH_DEPENDENTS=_signals_dependents(x.device),
+        LAUNCH_DEPENDENTS=configs.signals_dependents(x.device),
         # x * inv must round to fp32 before the rounding to an integer, as in the reference.
         enable_fp_fusion=False,
     )

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ternop.cuda import configs
+
 # The widest row kept in registers (32 KiB of fp32 over 16 warps). ``ternop::rms_norm_quant`` runs
 # wider rows with its reference's torch ops: slower, the same bits but for the sum's order.
 MAX_D = 8192
@@ -22,7 +24,10 @@ MAX_D = 8192
 
 @triton.jit
 def rms_norm_quant_kernel(x_ptr, r_ptr, h_ptr, w_ptr, q_ptr, qs_ptr, D, stride_xm, stride_rm, stride_qm, eps,
-                          GLU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                          GLU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+                          LAUNCH_DEPENDENTS: tl.constexpr = False):  # fmt: skip
+    if LAUNCH_DEPENDENTS:  # the int8 GEMM after it may start now; it waits before reading q (quant_rows_kernel)
+        tl.extra.cuda.gdc_launch_dependents()
     dt = x_ptr.dtype.element_ty
     m = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -75,6 +80,7 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, act: str, 
         rms_norm_quant_kernel[(m,)](
             x2, r2, h, weight.contiguous(), q, qs, d, x2.stride(0), r2.stride(0), q.stride(0), float(eps),
             GLU=act == "relu2_glu", RESIDUAL=residual is not None, BLOCK=block,
+            LAUNCH_DEPENDENTS=configs.signals_dependents(x.device),
             num_warps=max(4, min(16, block // 512)),
             # Every product rounds before it is added or rounded further, as in the reference.
             enable_fp_fusion=False,

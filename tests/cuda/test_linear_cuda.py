@@ -1100,6 +1100,47 @@ def test_linear_cuda_mma_a8_reads_each_quantization_when_started_early(monkeypat
             assert torch.equal(outs[i + 1].cpu(), want), (m, i)
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_linear_q8_after_rms_norm_quant_reads_its_rows_when_started_early(monkeypatch, m):
+    """The same for rows quantized by the RMSNorm before the layer (``ternop::rms_norm_quant``, BitNet's
+    norms), which also lets the int8 kernel start early: four norm + layer pairs chained in one CUDA
+    graph and replayed with new x. Each layer's output must be the CPU reference of the int8 rows
+    and scales its norm wrote, bit for bit."""
+    n = k = 1024
+    layers = []
+    for i in range(4):
+        v1, _ = random_packed(n, k, generator=torch.Generator().manual_seed(2000 + i))
+        norm_w = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+        layers.append((norm_w, layouts.repack(v1.cuda(), "a8"), _row_scale(n)))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_mma_a8", x, layers[0][1], layers[0][2], bits=8, layout="a8")
+    _force(monkeypatch, "cuda_mma_a8")
+
+    def chain(h):
+        steps = []
+        for norm_w, packed, row in layers:
+            q, qs = ternop.rms_norm_quant(h, norm_w, 1e-6)
+            h = ternop.linear_q8(q, qs, packed, row, out_dtype=torch.bfloat16, layout="a8")
+            steps.append((q, qs, h))
+        return steps
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        steps = chain(x)
+    for _ in range(6):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, ((q, qs, y), (_, packed, row)) in enumerate(zip(steps, layers)):
+            want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), out_dtype=torch.bfloat16, layout="a8")
+            assert torch.equal(y.cpu(), want), (m, i)
+
+
 def test_linear_cuda_a8_compile_dynamic_m_one_graph():
     v1, scale = _weights(1152, 1024)
     packed = layouts.repack(v1, "a8")
