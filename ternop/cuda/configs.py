@@ -22,6 +22,7 @@ the run it came from.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -551,8 +552,16 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 def signals_dependents(device: torch.device) -> bool:
     """Whether the kernels that quantize x per token (``quant_rows_kernel``, ``rms_norm_quant_kernel``)
     let the next kernel start before they end: sm_90 and later, where the small-M int8 kernel is
-    launched for that (programmatic dependent launch, ``csrc/ternary_common.cuh``)."""
-    return device.type == "cuda" and device_capability(device)[0] >= 9
+    launched for that (programmatic dependent launch, ``csrc/ternary_common.cuh``), and with a Triton
+    that has the signal (3.4 and later)."""
+    return device.type == "cuda" and device_capability(device)[0] >= 9 and _triton_has_gdc()
+
+
+@functools.cache
+def _triton_has_gdc() -> bool:
+    import triton.language as tl
+
+    return hasattr(tl.extra.cuda, "gdc_launch_dependents")
 
 
 def sm_count(device: torch.device) -> int:
