@@ -99,7 +99,7 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 }
 
 // Whether launches on the current device ask for an early start: sm_90 or later, unless the
-// environment sets TERNOP_PDL=0 (read once a process; benchmarks/bench_linear.py runs both).
+// environment sets TERNOP_PDL=0 (read once a process: compare the two in two processes).
 inline bool early_launch_allowed() {
   static const bool wanted = [] {
     const char* v = std::getenv("TERNOP_PDL");
