@@ -1091,6 +1091,7 @@ def test_linear_cuda_mma_a8_reads_each_quantization_when_started_early(monkeypat
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = chain(x)
+    monkeypatch.delenv(backends.ENV_BACKEND)  # the CPU reference below runs on the CPU backend
     for _ in range(6):
         x.copy_(torch.randn_like(x))
         graph.replay()
@@ -1132,6 +1133,7 @@ def test_linear_q8_after_rms_norm_quant_reads_its_rows_when_started_early(monkey
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         steps = chain(x)
+    monkeypatch.delenv(backends.ENV_BACKEND)  # the CPU reference below runs on the CPU backend
     for _ in range(6):
         x.copy_(torch.randn_like(x))
         graph.replay()
@@ -1173,6 +1175,7 @@ def test_linear_cuda_wgmma_a8_reads_each_quantization_when_started_early(monkeyp
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = chain(x)
+    monkeypatch.delenv(backends.ENV_BACKEND)  # the CPU reference below runs on the CPU backend
     for _ in range(4):
         x.copy_(torch.randn_like(x))
         graph.replay()
