@@ -1060,6 +1060,27 @@ def test_linear_cuda_a8_graph_capture_replays(m):
         torch.testing.assert_close(y, ternop.linear(x, packed, scale, bias, activation_bits=8, layout="a8"), rtol=0, atol=0)
 
 
+def _replays_with_new_x(chain, x, monkeypatch, times):
+    """Runs chain(x) once on a side stream, captures it in one CUDA graph with the backend the test
+    forced, then replays the graph `times` times with new values in x, yielding chain's captured
+    outputs after each replay. The forced backend is dropped after the capture, so that the
+    caller's CPU references run on the CPU backend."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(x)
+    monkeypatch.delenv(backends.ENV_BACKEND)
+    for _ in range(times):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        yield outs
+
+
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_linear_cuda_mma_a8_reads_each_quantization_when_started_early(monkeypatch, m):
     """From sm_90 the small-M int8 kernel may start before the quantization of its x has finished
@@ -1083,19 +1104,7 @@ def test_linear_cuda_mma_a8_reads_each_quantization_when_started_early(monkeypat
             outs.append(ternop.linear(outs[-1], packed, row, activation_bits=8, layout="a8"))
         return outs
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = chain(x)
-    monkeypatch.delenv(backends.ENV_BACKEND)  # the CPU reference below runs on the CPU backend
-    for _ in range(6):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
+    for outs in _replays_with_new_x(chain, x, monkeypatch, 6):
         for i, (packed, row) in enumerate(layers):
             want = ternop.linear(outs[i].cpu(), packed.cpu(), row.cpu(), activation_bits=8, layout="a8")
             assert torch.equal(outs[i + 1].cpu(), want), (m, i)
@@ -1125,19 +1134,7 @@ def test_linear_q8_after_rms_norm_quant_reads_its_rows_when_started_early(monkey
             steps.append((q, qs, h))
         return steps
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        steps = chain(x)
-    monkeypatch.delenv(backends.ENV_BACKEND)  # the CPU reference below runs on the CPU backend
-    for _ in range(6):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
+    for steps in _replays_with_new_x(chain, x, monkeypatch, 6):
         for i, ((q, qs, y), (_, packed, row)) in enumerate(zip(steps, layers)):
             want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), out_dtype=torch.bfloat16, layout="a8")
             assert torch.equal(y.cpu(), want), (m, i)
