@@ -557,6 +557,30 @@ def signals_dependents(device: torch.device) -> bool:
     return device.type == "cuda" and device_capability(device)[0] >= 9 and _triton_has_gdc()
 
 
+# At M <= 2, the fused kernel (cuda_mma_a8_fused: one launch whose CTAs each quantize
+# x) against the quantization launch + cuda_mma_a8 started early (sm_90+, csrc/ternary_common.cuh).
+# In bench_linear_pdl_on_cf1403c.json (an H100, M = 1, row scales, one run) the pair was 0.1-0.6 us ahead
+# on the 8B-class layers, N * K >= 2^24 (4096->4096 5.70 against 6.00 us, 4096->14336 10.60 against
+# 11.11, 14336->4096 12.05 against 12.66, 4096->28672 17.38 against 17.47), and 0.0-0.4 us behind on
+# the 0.6B-class ones, N * K <= 3 * 2^21 (2048->1024 4.23 against 3.84). No run has measured M = 2.
+A8_EARLY_PAIR_MIN_NK = 1 << 24
+
+
+def early_launch_enabled() -> bool:
+    """Whether the C++ launches may start early (``TERNOP_PDL`` is not ``0``), as
+    ``early_launch_allowed`` in csrc/ternary_common.cuh reads it."""
+    return os.environ.get("TERNOP_PDL") != "0"
+
+
+def a8_fused_declines(n: int, k: int, device: torch.device) -> str:
+    """Why cuda_mma_a8_fused leaves a call of N x K weights to the quantization launch and
+    cuda_mma_a8 started early (empty: it takes the call)."""
+    if n * k >= A8_EARLY_PAIR_MIN_NK and early_launch_enabled() and signals_dependents(device):
+        return (f"N * K = {n * k} >= 2^24 on sm_90+: the quantization launch and cuda_mma_a8 started "
+                "early are faster there (configs.A8_EARLY_PAIR_MIN_NK)")
+    return ""
+
+
 @functools.cache
 def _triton_has_gdc() -> bool:
     import triton.language as tl

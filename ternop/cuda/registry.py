@@ -448,6 +448,9 @@ def _can_cuda_mma_a8_fused(call: backends.LinearCall) -> tuple[bool, str]:
                        f"and M * K <= {CUDA_MMA_A8_FUSED_MAX_BYTES}")  # fmt: skip
     if call.quantized:
         return False, "x arrives quantized (ternop::linear_q8); this kernel quantizes x itself"
+    why = "" if _forced("cuda_mma_a8_fused") else configs.a8_fused_declines(call.n, call.k, call.x.device)
+    if why:
+        return False, why
     why = _mma_bucket("cuda_mma_a8_fused", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why

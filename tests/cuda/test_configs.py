@@ -426,6 +426,38 @@ def test_wgmma_a8_row_rule_picks_the_faster_kernel_of_its_run(monkeypatch):
     assert 30 <= taken <= 50, taken
 
 
+def test_a8_fused_rule_picks_the_faster_path_of_its_run(monkeypatch):
+    """configs.a8_fused_declines against the run it was chosen from (an H100, M = 1, row scales, the
+    small-M kernel started early): on each of the eight layers the path it picks (the fused kernel,
+    or the quantization launch + cuda_mma_a8) ran within 1% of the faster of the two, and it leaves
+    the four 8B-class layers to the pair. Without the early start (TERNOP_PDL=0, or no sm_90) the
+    fused kernel keeps every layer."""
+    import json
+    from pathlib import Path
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_PDL", raising=False)
+    monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_pdl_on_cf1403c.json"
+    times = {(row["N"], row["K"], row["impl"]): row["us"] for row in json.loads(run.read_text())["results"] if row["M"] == 1}
+    layers = sorted({(n, k) for n, k, _ in times})
+    assert len(layers) == 8
+    pair_taken = []
+    for n, k in layers:
+        fused, pair = times[(n, k, "ternop_a8_row")], times[(n, k, "backend:cuda_mma_a8[a8 row]")]
+        declines = configs.a8_fused_declines(n, k, DEV)
+        picked = pair if declines else fused
+        assert picked <= 1.01 * min(fused, pair), (n, k, fused, pair)
+        if declines:
+            pair_taken.append((n, k))
+    assert pair_taken == [(4096, 4096), (4096, 14336), (14336, 4096), (28672, 4096)]  # (N, K)
+    monkeypatch.setenv("TERNOP_PDL", "0")
+    assert not any(configs.a8_fused_declines(n, k, DEV) for n, k in layers)
+    monkeypatch.delenv("TERNOP_PDL")
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
+    assert not any(configs.a8_fused_declines(n, k, DEV) for n, k in layers)
+
+
 def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch):
     """A row-scaled int8 call above vLLM's CUDA-graph sizes (M > 512) and up to M * N * K = 2^33 goes to
     cuda_wgmma_a8, whose one launch from C++ costs less host time than dequant_a8's two Triton
