@@ -1140,6 +1140,39 @@ def test_linear_q8_after_rms_norm_quant_reads_its_rows_when_started_early(monkey
             assert torch.equal(y.cpu(), want), (m, i)
 
 
+@pytest.mark.parametrize("m, nk", [(64, 2048), (1540, 1024)])
+def test_linear_cuda_wgmma_a8_reads_each_quantization_when_started_early(monkeypatch, m, nk):
+    """The Hopper int8 kernel may also start before the quantization of its x has finished (tiles of
+    which one CTA fills an SM, launches that do not split K): its producer asks for the first
+    stages' codes, then waits before it asks for the rows of q. M = 1540 on 1024 x 1024 runs tile 1,
+    which starts early; M = 64 runs tile 0, which does not (the control). Four layers with a scale
+    per 128 weights (a form that never splits) chained in one CUDA graph and replayed with new x:
+    each layer's output must match the CPU reference of the input it was given (the block-scale sums
+    leave the rounding order free, so to 1e-2; rows read from another replay would be off by far
+    more)."""
+    _skip_unless_wgmma("cuda_wgmma_a8")
+    layers = []
+    for i in range(4):
+        v1, scale = random_packed(nk, nk, generator=torch.Generator().manual_seed(3000 + i))
+        layers.append((layouts.repack(v1.cuda(), "a8"), scale.cuda()))
+    x = torch.randn(m, nk, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_wgmma_a8", x, layers[0][0], layers[0][1], bits=8, layout="a8")
+    _force(monkeypatch, "cuda_wgmma_a8")
+
+    def chain(h):
+        outs = [h]
+        for packed, scale in layers:
+            outs.append(ternop.linear(outs[-1], packed, scale, activation_bits=8, layout="a8"))
+        return outs
+
+    for outs in _replays_with_new_x(chain, x, monkeypatch, 3):
+        for i, (packed, scale) in enumerate(layers):
+            want = ternop.linear(outs[i].cpu(), packed.cpu(), scale.cpu(), activation_bits=8, layout="a8").float()
+            got = outs[i + 1].cpu().float()
+            err = float((got - want).abs().max() / want.abs().max())
+            assert err < 1e-2, (m, i, err)
+
+
 def test_linear_cuda_a8_compile_dynamic_m_one_graph():
     v1, scale = _weights(1152, 1024)
     packed = layouts.repack(v1, "a8")

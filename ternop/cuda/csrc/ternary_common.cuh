@@ -118,6 +118,13 @@ inline bool early_launch_allowed() {
   return known > 0;
 }
 
+// The launch attribute of an early start: programmatic stream serialization.
+inline void allow_early_start(cudaLaunchAttribute& attr) {
+  attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
 // `early` (see wait_for_prior_grids: the kernel must wait before it reads what earlier kernels write).
 template <typename... Params, typename... Args>
@@ -128,9 +135,8 @@ cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr;
+  allow_early_start(attr);
   config.attrs = &attr;
   config.numAttrs = early ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);

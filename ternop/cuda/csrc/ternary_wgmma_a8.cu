@@ -265,13 +265,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int blocks = K / 128 / static_cast<int>(gridDim.z), kb_begin = static_cast<int>(blockIdx.z) * blocks;
   if (threadIdx.x >= Cfg::kConsumers) {  // the producer warp; one lane issues the loads
     if (threadIdx.x == Cfg::kConsumers) {
+      // Launched early (launch_wgmma_a8), the kernel may get here while the quantization that
+      // writes q still runs: the codes of the first stages are asked for before the wait, the
+      // rows of q after it. Each stage's barrier expects both from the start.
+      const int first = blocks < kStages ? blocks : kStages;
+      for (int i = 0; i < first; ++i) {
+        const uint32_t stage = base + i * Cfg::kStageBytes, full = full0 + 8 * i;
+        mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
+        tma_load(stage + Cfg::kXBytes, &c_map, (kb_begin + i) * 32, n0, full);
+      }
+      wait_for_prior_grids();
       for (int i = 0; i < blocks; ++i) {
         const int slot = i % kStages, round = i / kStages, kb = kb_begin + i;
-        if (round > 0) mbar_wait(empty0 + 8 * slot, (round - 1) & 1);
         const uint32_t stage = base + slot * Cfg::kStageBytes, full = full0 + 8 * slot;
-        mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
+        if (round > 0) {
+          mbar_wait(empty0 + 8 * slot, (round - 1) & 1);
+          mbar_expect(full, Cfg::kXBytes + Cfg::kCodeBytes);
+          tma_load(stage + Cfg::kXBytes, &c_map, kb * 32, n0, full);
+        }
         tma_load(stage, &q_map, kb * 128, m0, full);
-        tma_load(stage + Cfg::kXBytes, &c_map, kb * 32, n0, full);
       }
     }
     if (gridDim.z > 1) {  // the cluster barriers of split_reduce_store count every thread
@@ -282,6 +294,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
+  wait_for_prior_grids();  // the consumers read qs (global memory) in the epilogue
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
   const int g = lane / 4, q = lane % 4;
   const int row = 16 * warp + g;  // this lane's rows of the CTA: row and row + 8
@@ -438,11 +451,18 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
   const int64_t ctas = ctas_of(M, N, Cfg::kRows, Cfg::BT);
   const int splits = kRow ? a8_row_splits(ctas, K, sms) : 1;
   const dim3 grid((N + Cfg::kRows - 1) / Cfg::kRows, (M + Cfg::BT - 1) / Cfg::BT, splits);
-  // A plain launch: no early start (ternary_common.cuh). Tried where K is not split, it made the
-  // one-wave launches of tile 0 at M = 256 37-56% slower on an H100 (4096->4096, 14336->4096 in
-  // results/h100/bench_linear_pdl_c04e0f4.json), while gaining at most 5% elsewhere.
-  cudaLaunchAttribute cluster;
-  const cudaLaunchConfig_t config = z_cluster_config(grid, Cfg::kThreads, Cfg::kSmemBytes, stream, splits > 1, cluster);
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t config = z_cluster_config(grid, Cfg::kThreads, Cfg::kSmemBytes, stream, splits > 1, attr);
+  // An early start (ternary_common.cuh) only where the launch does not split K (not tried with
+  // clusters) and where two CTAs cannot share an SM. Early-started, tile 0 (97 KiB, 93 registers:
+  // two fit) made its one-wave launches at M = 256 37-56% slower on an H100 (4096->4096, 14336->4096
+  // in results/h100/bench_linear_pdl_c04e0f4.json): CTAs placed while the quantization still runs
+  // can land two to an SM, where a plain launch spreads them one to an SM.
+  constexpr bool kOneAnSM = 2 * Cfg::kSmemBytes > 227 * 1024;
+  if (kOneAnSM && splits == 1 && early_launch_allowed()) {
+    allow_early_start(attr);
+    config.numAttrs = 1;
+  }
   return cudaLaunchKernelEx(&config, kernel, q_map, c_map, qs, ws, bias, out, M, N, K);
 }
 
