@@ -572,10 +572,18 @@ def early_launch_enabled() -> bool:
     return os.environ.get("TERNOP_PDL") != "0"
 
 
+def starts_early(device: torch.device) -> bool:
+    """Whether the int8 kernels are launched early, with programmatic dependent launch, after the
+    kernel that quantized their rows: where that kernel signals (``signals_dependents``) and
+    ``TERNOP_PDL`` is not ``0``. They wait before they read the rows. The C++ launches read the
+    same variable (``early_launch_allowed``); the Triton one (``fused_a8_kernel``) asks here."""
+    return early_launch_enabled() and signals_dependents(device)
+
+
 def a8_fused_declines(n: int, k: int, device: torch.device) -> str:
     """Why cuda_mma_a8_fused leaves a call of N x K weights to the quantization launch and
     cuda_mma_a8 started early (empty: it takes the call)."""
-    if n * k >= A8_EARLY_PAIR_MIN_NK and early_launch_enabled() and signals_dependents(device):
+    if n * k >= A8_EARLY_PAIR_MIN_NK and starts_early(device):
         return (f"N * K = {n * k} >= 2^24 on sm_90+: the quantization launch and cuda_mma_a8 started "
                 "early are faster there (configs.A8_EARLY_PAIR_MIN_NK)")
     return ""

@@ -116,6 +116,7 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
     n = weight_packed.shape[0]
     grid, splits, out, ws = _setup(q, n, config, dtype)
     w32 = weight_packed.view(torch.int32)
+    early = configs.starts_early(q.device)
     fused_a8_kernel[grid](
         q, qs, w32, weight_scale, bias if bias is not None else out, out, ws,
         m, n, k,
@@ -132,6 +133,9 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
         num_stages=config.num_stages,
         # Row scales leave no freedom: the two scales and the bias each round on their own.
         enable_fp_fusion=not row_scaled,
+        # Started early, after the kernel that quantized the rows signalled (configs.starts_early).
+        WAIT_PRIOR=early,
+        **({"launch_pdl": True} if early else {}),
     )
     if splits > 1:
         _reduce(ws, bias, out, splits, qs, weight_scale.view(-1) if row_scaled else None)

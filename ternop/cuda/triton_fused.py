@@ -140,6 +140,7 @@ def fused_a8_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr = False,
 ):
     """out [M, N] = s_x * sum_b P_b * scale_b (+ bias) with int8 x on int8 tensor cores.
 
@@ -154,6 +155,10 @@ def fused_a8_kernel(
     offs_m, offs_n, rows_x, q_ptrs, w_ptrs, s_ptrs = _operands(
         q_ptr, w_ptr, s_ptr, M, N, stride_qm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, GROUP_M)
     kb0 = tl.program_id(1)
+    if WAIT_PRIOR:
+        # Launched early (sm_90+): the kernel before it, which wrote q and qs, may still run.
+        # Nothing is read or written before this wait returns.
+        tl.extra.cuda.gdc_wait()
     if ROW_SCALE:
         # One scale per row (s [N, 1]): the int32 sum runs over all of K, scaled once at the end.
         iacc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)

@@ -1081,22 +1081,24 @@ def _replays_with_new_x(chain, x, monkeypatch, times):
         yield outs
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
-def test_linear_cuda_mma_a8_reads_each_quantization_when_started_early(monkeypatch, m):
-    """From sm_90 the small-M int8 kernel may start before the quantization of its x has finished
-    (programmatic dependent launch) and must wait for it before it reads the int8 rows. Eight
-    layers chained in one CUDA graph, each layer's output the next one's input, replayed with new
-    x: every layer's output must be the CPU reference of the input it was given, bit for bit (row
-    scales leave no freedom). A kernel that read the rows too early would see the previous
-    replay's, or a half-written buffer."""
+@pytest.mark.parametrize("name, m", [("cuda_mma_a8", 1), ("cuda_mma_a8", 5), ("cuda_mma_a8", 16),
+                                     ("triton_a8", 5), ("triton_a8", 200), ("triton_a8", 700)])
+def test_linear_a8_kernel_reads_each_quantization_when_started_early(monkeypatch, name, m):
+    """From sm_90 the small-M int8 kernel and the Triton one may start before the quantization of
+    their x has finished (programmatic dependent launch) and must wait for it before they read the
+    int8 rows. Eight layers chained in one CUDA graph, each layer's output the next one's input,
+    replayed with new x: every layer's output must be the CPU reference of the input it was given,
+    bit for bit (row scales leave no freedom). A kernel that read the rows too early would see the
+    previous replay's, or a half-written buffer. (On an H100 or H200 the Triton kernel splits K in
+    two at M = 5 and 200 on these layers, so a reduction launch follows it; at M = 700 it does not.)"""
     n = k = 1024
     layers = []
     for i in range(8):
         v1, _ = random_packed(n, k, generator=torch.Generator().manual_seed(1000 + i))
         layers.append((layouts.repack(v1.cuda(), "a8"), _row_scale(n)))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    _skip_unavailable("cuda_mma_a8", x, layers[0][0], layers[0][1], bits=8, layout="a8")
-    _force(monkeypatch, "cuda_mma_a8")
+    _skip_unavailable(name, x, layers[0][0], layers[0][1], bits=8, layout="a8")
+    _force(monkeypatch, name)
 
     def chain(h):
         outs = [h]
