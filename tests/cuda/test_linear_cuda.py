@@ -1015,10 +1015,21 @@ def test_linear_cuda_a8_fused_quantization_equals_the_separate_one(monkeypatch, 
     ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, layouts.repack(v1, "a8"), scale, bits=8,
                                                                      layout="a8"))
     assert not ok and "M <= 2" in why
-    v1, scale = _weights(28672, 4096)  # the widest 8B layer: taken at M <= 2 as every other
+    # The widest 8B layer at M = 1: from sm_90, with the early start on, left to the quantization
+    # launch and cuda_mma_a8 started early (configs.a8_fused_declines); taken with it off.
+    from ternop.cuda import configs
+
+    v1, scale = _weights(28672, 4096)
+    wide = layouts.repack(v1, "a8")
     x = torch.randn(1, 4096, device="cuda", dtype=dtype)
-    ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, layouts.repack(v1, "a8"), scale, bits=8,
-                                                                     layout="a8"))
+    monkeypatch.delenv("TERNOP_PDL", raising=False)
+    ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, wide, scale, bits=8, layout="a8"))
+    if configs.starts_early(x.device):
+        assert not ok and "2^24" in why, why
+    else:
+        assert ok, why
+    monkeypatch.setenv("TERNOP_PDL", "0")
+    ok, why = backends.get("cuda_mma_a8_fused").can_implement(_call(x, wide, scale, bits=8, layout="a8"))
     assert ok, why
 
 
@@ -1082,15 +1093,16 @@ def _replays_with_new_x(chain, x, monkeypatch, times):
 
 
 @pytest.mark.parametrize("name, m", [("cuda_mma_a8", 1), ("cuda_mma_a8", 5), ("cuda_mma_a8", 16),
-                                     ("triton_a8", 5), ("triton_a8", 200), ("triton_a8", 700)])
+                                     ("triton_a8", 5), ("triton_a8", 100), ("triton_a8", 700)])
 def test_linear_a8_kernel_reads_each_quantization_when_started_early(monkeypatch, name, m):
     """From sm_90 the small-M int8 kernel and the Triton one may start before the quantization of
     their x has finished (programmatic dependent launch) and must wait for it before they read the
     int8 rows. Eight layers chained in one CUDA graph, each layer's output the next one's input,
     replayed with new x: every layer's output must be the CPU reference of the input it was given,
     bit for bit (row scales leave no freedom). A kernel that read the rows too early would see the
-    previous replay's, or a half-written buffer. (On an H100 or H200 the Triton kernel splits K in
-    two at M = 5 and 200 on these layers, so a reduction launch follows it; at M = 700 it does not.)"""
+    previous replay's, or a half-written buffer. (The Triton kernel starts early up to M = 128, where on
+    an H100 or H200 it splits K in two on these layers, so a reduction launch follows it; M = 700 runs
+    it plainly, unsplit, as the control.)"""
     n = k = 1024
     layers = []
     for i in range(8):
