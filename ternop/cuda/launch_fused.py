@@ -104,19 +104,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def linear_a8(x, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig) -> torch.Tensor:
     q, qs = quantize_rows(x)
-    return linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout, config, x.dtype)
+    return linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout, config, x.dtype,
+                               after_quantize_rows=True)
 
 
 def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, config: configs.FusedConfig,
-                        dtype: torch.dtype) -> torch.Tensor:
+                        dtype: torch.dtype, after_quantize_rows: bool = False) -> torch.Tensor:
     """The A8 product from already quantized rows (q int8 [M, K], qs fp32 [M]); out in ``dtype``.
-    ``weight_scale`` [N, 1] is a scale per row (``ternop.activations``)."""
+    ``weight_scale`` [N, 1] is a scale per row (``ternop.activations``). ``after_quantize_rows``: the
+    launch just before this one was ``quantize_rows``, which lets this kernel start early
+    (``configs.triton_a8_starts_early``)."""
     m, k = q.shape
     row_scaled = weight_scale.shape[1] == 1  # with K = 128 both forms are the same arithmetic
     n = weight_packed.shape[0]
     grid, splits, out, ws = _setup(q, n, config, dtype)
     w32 = weight_packed.view(torch.int32)
-    early = configs.starts_early(q.device)
+    early = after_quantize_rows and configs.triton_a8_starts_early(m, k, q.device)
     fused_a8_kernel[grid](
         q, qs, w32, weight_scale, bias if bias is not None else out, out, ws,
         m, n, k,
@@ -133,7 +136,7 @@ def linear_a8_quantized(q, qs, weight_packed, weight_scale, bias, layout: str, c
         num_stages=config.num_stages,
         # Row scales leave no freedom: the two scales and the bias each round on their own.
         enable_fp_fusion=not row_scaled,
-        # Started early, after the kernel that quantized the rows signalled (configs.starts_early).
+        # Started early, after the kernel that quantized the rows signalled (configs.triton_a8_starts_early).
         WAIT_PRIOR=early,
         **({"launch_pdl": True} if early else {}),
     )

@@ -161,7 +161,7 @@ def _run_triton_a8(call: backends.LinearCall) -> torch.Tensor:
     mod, _ = _module("launch_fused")
     q, qs = _rows(call)
     return mod.linear_a8_quantized(q, qs, call.weight_packed, call.weight_scale, call.bias, call.layout, config,
-                                   call.dtype)  # fmt: skip
+                                   call.dtype, after_quantize_rows=not call.quantized)  # fmt: skip
 
 
 # --- dequantize, then cuBLAS --------------------------------------------------------------------

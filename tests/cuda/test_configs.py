@@ -458,6 +458,34 @@ def test_a8_fused_rule_picks_the_faster_path_of_its_run(monkeypatch):
     assert not any(configs.a8_fused_declines(n, k, DEV) for n, k in layers)
 
 
+def test_triton_a8_starts_early_only_where_its_run_was_faster(monkeypatch):
+    """configs.triton_a8_starts_early against the A/B run it was chosen from (one H100, the Triton
+    int8 kernel forced, row scales, TERNOP_PDL=0 then 1): every cell it starts early ran faster
+    started early, and every cell that ran more than 3% slower started early is one it launches
+    plainly. Without the early start (TERNOP_PDL=0, or no sm_90) it starts nothing early."""
+    import json
+    from pathlib import Path
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_PDL", raising=False)
+    monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
+    results = Path(__file__).resolve().parents[2] / "benchmarks/results/h100"
+    off, on = ({(row["M"], row["N"], row["K"]): row["us"] for row in json.loads(
+        (results / f"bench_linear_early_{run}_4d94a8d.json").read_text())["results"]
+        if row["impl"] == "backend:triton_a8[a8 row]"} for run in ("off", "on"))  # fmt: skip
+    assert len(off) == len(on) == 64
+    early = [cell for cell in on if configs.triton_a8_starts_early(cell[0], cell[2], DEV)]
+    assert len(early) == 42  # M = 1..128 on the seven layers with K <= 4096
+    assert all(on[cell] < off[cell] for cell in early), [(c, on[c] / off[c]) for c in early if on[c] >= off[c]]
+    slower = {cell for cell in on if on[cell] > 1.03 * off[cell]}
+    assert slower and not slower & set(early), slower
+    monkeypatch.setenv("TERNOP_PDL", "0")
+    assert not any(configs.triton_a8_starts_early(m, k, DEV) for m, _, k in on)
+    monkeypatch.delenv("TERNOP_PDL")
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
+    assert not any(configs.triton_a8_starts_early(m, k, DEV) for m, _, k in on)
+
+
 def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch):
     """A row-scaled int8 call above vLLM's CUDA-graph sizes (M > 512) and up to M * N * K = 2^33 goes to
     cuda_wgmma_a8, whose one launch from C++ costs less host time than dequant_a8's two Triton
