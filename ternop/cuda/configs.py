@@ -583,21 +583,22 @@ def starts_early(device: torch.device) -> bool:
 # The Triton int8 kernel started early, against the same launched plainly: bench_linear.py --ms 1 2 4
 # 32 64 128 256 512 --backends cuda_mma_a8_fused,cuda_wgmma_a8,triton_a8 with TERNOP_PDL=0, then 1, on
 # one H100 (results/h100/bench_linear_early_{off,on}_4d94a8d.json). Forced, row scales: 2-7% faster
-# on the seven layers with K <= 4096 at every M up to 128; but 18% slower on 14336->4096 at M = 32,
-# and 6-26% slower in five cells at M = 256 and 512 (with block scales four of those five were level
-# or faster: not understood). No run has looked at M > 512. Where the dispatcher takes this kernel
-# and the rule starts it early, ternop_a8_row gained 3-8% (M = 32..128 on the 0.6B layers, M = 32
-# and 64 on 4096->4096). But ternop_q8_row (rows quantized beforehand, so the launch before is the
-# previous layer's, which does not signal) lost 2-8% there: the kernel starts early only right
-# after quantize_rows (launch_fused.linear_a8_quantized's after_quantize_rows), never for linear_q8.
-TRITON_A8_EARLY_MAX_M = 128
-TRITON_A8_EARLY_MAX_K = 4096
+# on the seven layers with K <= 4096 at every M up to 128, and 4-6% faster on the three with K <= 2048
+# at M = 256 and 512; but 18% slower on 14336->4096 at M = 32 and 6-26% slower in five cells with
+# K >= 3072 at M = 256 and 512 (with block scales four of those five were level or faster: not
+# understood). No run has looked at M > 512. Where the dispatcher takes this kernel and the rule
+# starts it early, ternop_a8_row gained 3-8% (M = 32..512 on 1024->4096 and 1024->6144, M = 32..128
+# on the other 0.6B layers, M = 32 and 64 on 4096->4096). But ternop_q8_row (rows quantized
+# beforehand, so the launch before is the previous layer's, which does not signal) lost 2-8% at
+# M = 32..128: the kernel starts early only right after quantize_rows
+# (launch_fused.linear_a8_quantized's after_quantize_rows), never for linear_q8.
+TRITON_A8_EARLY_LIMITS = ((128, 4096), (512, 2048))  # (largest M, largest K) pairs
 
 
 def triton_a8_starts_early(m: int, k: int, device: torch.device) -> bool:
-    """Whether ``fused_a8_kernel`` for q [M, K] is launched early (``starts_early``), where the run
-    above measured it faster."""
-    return m <= TRITON_A8_EARLY_MAX_M and k <= TRITON_A8_EARLY_MAX_K and starts_early(device)
+    """Whether ``fused_a8_kernel`` for q [M, K] is launched early (``starts_early``): where the run
+    above measured it faster, within one of ``TRITON_A8_EARLY_LIMITS``."""
+    return any(m <= max_m and k <= max_k for max_m, max_k in TRITON_A8_EARLY_LIMITS) and starts_early(device)
 
 
 def a8_fused_declines(n: int, k: int, device: torch.device) -> str:
