@@ -562,7 +562,10 @@ def signals_dependents(device: torch.device) -> bool:
 # In bench_linear_pdl_on_cf1403c.json (an H100, M = 1, row scales, one run) the pair was 0.1-0.6 us ahead
 # on the 8B-class layers, N * K >= 2^24 (4096->4096 5.70 against 6.00 us, 4096->14336 10.60 against
 # 11.11, 14336->4096 12.05 against 12.66, 4096->28672 17.38 against 17.47), and 0.0-0.4 us behind on
-# the 0.6B-class ones, N * K <= 3 * 2^21 (2048->1024 4.23 against 3.84). No run has measured M = 2.
+# the 0.6B-class ones, N * K <= 3 * 2^21 (2048->1024 4.23 against 3.84). Through the dispatcher, in
+# results/h100/bench_linear_early_{off,on}_4d94a8d.json (the fused kernel against the pair), the four
+# 8B-class layers went 6.07 -> 5.71, 11.22 -> 10.62, 17.38 -> 17.44, 12.97 -> 12.24 us at M = 1 and
+# 7.21 -> 5.80, 12.38 -> 10.86, 18.78 -> 17.46, 16.26 -> 12.34 us at M = 2.
 A8_EARLY_PAIR_MIN_NK = 1 << 24
 
 

@@ -457,7 +457,8 @@ cudaError_t launch_wgmma_a8(const int8_t* q, const float* qs, const uint8_t* wp,
   // clusters) and where two CTAs cannot share an SM. Early-started, tile 0 (97 KiB, 93 registers:
   // two fit) made its one-wave launches at M = 256 37-56% slower on an H100 (4096->4096, 14336->4096
   // in results/h100/bench_linear_pdl_c04e0f4.json): CTAs placed while the quantization still runs
-  // can land two to an SM, where a plain launch spreads them one to an SM.
+  // can land two to an SM, where a plain launch spreads them one to an SM. Tiles 1-3 started early,
+  // forced, ran 5% faster to 2% slower than plain (results/h100/bench_linear_early_{off,on}_4d94a8d.json).
   constexpr bool kOneAnSM = 2 * Cfg::kSmemBytes > 227 * 1024;
   if (kOneAnSM && splits == 1 && early_launch_allowed()) {
     allow_early_start(attr);
