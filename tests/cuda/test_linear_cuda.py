@@ -1092,6 +1092,22 @@ def _replays_with_new_x(chain, x, monkeypatch, times):
         yield outs
 
 
+def _replay_int8_chain(name, layers, x, monkeypatch, times):
+    """_replays_with_new_x over int8 layers ((packed a8, scale) each) chained with backend `name`
+    forced, each layer's output the next one's input; skips where `name` cannot run. Yields the
+    chain's outputs, x first."""
+    _skip_unavailable(name, x, layers[0][0], layers[0][1], bits=8, layout="a8")
+    _force(monkeypatch, name)
+
+    def chain(h):
+        outs = [h]
+        for packed, scale in layers:
+            outs.append(ternop.linear(outs[-1], packed, scale, activation_bits=8, layout="a8"))
+        return outs
+
+    yield from _replays_with_new_x(chain, x, monkeypatch, times)
+
+
 @pytest.mark.parametrize("name, m", [("cuda_mma_a8", 1), ("cuda_mma_a8", 5), ("cuda_mma_a8", 16),
                                      ("triton_a8", 5), ("triton_a8", 100), ("triton_a8", 700)])
 def test_linear_a8_kernel_reads_each_quantization_when_started_early(monkeypatch, name, m):
@@ -1100,25 +1116,16 @@ def test_linear_a8_kernel_reads_each_quantization_when_started_early(monkeypatch
     int8 rows. Eight layers chained in one CUDA graph, each layer's output the next one's input,
     replayed with new x: every layer's output must be the CPU reference of the input it was given,
     bit for bit (row scales leave no freedom). A kernel that read the rows too early would see the
-    previous replay's, or a half-written buffer. (The Triton kernel starts early up to M = 128, where on
-    an H100 or H200 it splits K in two on these layers, so a reduction launch follows it; M = 700 runs
-    it plainly, unsplit, as the control.)"""
+    previous replay's, or a half-written buffer. (On these K = 1024 layers the Triton kernel starts
+    early up to M = 512; at M = 5 and 100 on an H100 or H200 it splits K in two, so a reduction launch
+    follows it. M = 700 runs it plainly, unsplit, as the control.)"""
     n = k = 1024
     layers = []
     for i in range(8):
         v1, _ = random_packed(n, k, generator=torch.Generator().manual_seed(1000 + i))
         layers.append((layouts.repack(v1.cuda(), "a8"), _row_scale(n)))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    _skip_unavailable(name, x, layers[0][0], layers[0][1], bits=8, layout="a8")
-    _force(monkeypatch, name)
-
-    def chain(h):
-        outs = [h]
-        for packed, row in layers:
-            outs.append(ternop.linear(outs[-1], packed, row, activation_bits=8, layout="a8"))
-        return outs
-
-    for outs in _replays_with_new_x(chain, x, monkeypatch, 6):
+    for outs in _replay_int8_chain(name, layers, x, monkeypatch, 6):
         for i, (packed, row) in enumerate(layers):
             want = ternop.linear(outs[i].cpu(), packed.cpu(), row.cpu(), activation_bits=8, layout="a8")
             assert torch.equal(outs[i + 1].cpu(), want), (m, i)
@@ -1170,16 +1177,7 @@ def test_linear_cuda_wgmma_a8_reads_each_quantization_when_started_early(monkeyp
         v1, scale = random_packed(nk, nk, generator=torch.Generator().manual_seed(3000 + i))
         layers.append((layouts.repack(v1.cuda(), "a8"), scale.cuda()))
     x = torch.randn(m, nk, device="cuda", dtype=torch.bfloat16)
-    _skip_unavailable("cuda_wgmma_a8", x, layers[0][0], layers[0][1], bits=8, layout="a8")
-    _force(monkeypatch, "cuda_wgmma_a8")
-
-    def chain(h):
-        outs = [h]
-        for packed, scale in layers:
-            outs.append(ternop.linear(outs[-1], packed, scale, activation_bits=8, layout="a8"))
-        return outs
-
-    for outs in _replays_with_new_x(chain, x, monkeypatch, 3):
+    for outs in _replay_int8_chain("cuda_wgmma_a8", layers, x, monkeypatch, 3):
         for i, (packed, scale) in enumerate(layers):
             want = ternop.linear(outs[i].cpu(), packed.cpu(), scale.cpu(), activation_bits=8, layout="a8").float()
             got = outs[i + 1].cpu().float()
