@@ -88,7 +88,9 @@ def warm_up(
     Only CUDA layers are warmed (the CPU backends compile nothing), and each kind of layer once per
     process: two layers of the same shape, dtypes, bias, layout and scale form run the same
     kernels. With int8 activations x is quantized inside the op, which runs every kernel that a
-    call of ``ternop::linear_q8`` runs as well. The inputs are zeros and the results are dropped.
+    call of ``ternop::linear_q8`` runs as well, but for the Triton int8 kernel where it starts early
+    after that quantization (``configs.triton_a8_starts_early``): there ``ternop::linear_q8`` runs
+    too. The inputs are zeros and the results are dropped.
     """
     from ternop import ops
     from ternop.meta import check_linear_inputs
@@ -96,7 +98,7 @@ def warm_up(
     device = weight_packed.device
     if device.type != "cuda":
         return []
-    from ternop.cuda import configs
+    from ternop.cuda import configs, registry
 
     n, k = weight_packed.shape[0], weight_packed.shape[1] * 4
     row = weight_scale.shape[1] == 1
@@ -109,8 +111,12 @@ def warm_up(
     check_linear_inputs(x[:1], weight_packed, weight_scale, bias, activation_bits, layout)  # names what is wrong
     ms = sample_ms(max_m, configs.host_rule_edges(n, k))
     steps = plan(lambda m: ops.linear_call(x[:m], weight_packed, weight_scale, bias, activation_bits, layout), ms)
-    for m, _, _ in steps:
+    for m, _, variant in steps:
         torch.ops.ternop.linear(x[:m], weight_packed, weight_scale, bias, activation_bits, layout)
+        if registry.EARLY in variant:  # linear_q8 runs this kernel launched plainly: another compile
+            q = torch.zeros((m, k), dtype=torch.int8, device=device)
+            x_scale = torch.ones((m,), dtype=torch.float32, device=device)
+            torch.ops.ternop.linear_q8(q, x_scale, weight_packed, weight_scale, bias, dtype, layout)
     torch.cuda.synchronize(device)
     del x
     torch.cuda.empty_cache()  # the engine sizes its caches after loading: leave it the memory

@@ -601,12 +601,25 @@ def _quant_variant(call: backends.LinearCall) -> tuple:
     return ("quant_rows", mod.quant_block_k(call.m, call.k))
 
 
+# The variant tag of the Triton int8 kernel started early; ternop.warmup also runs linear_q8, which
+# launches the same kernel plainly, wherever a step carries it.
+EARLY = "early"
+
+
+def _triton_a8_start(call: backends.LinearCall) -> tuple:
+    """The quantization before the Triton int8 kernel, and "early" where that kernel is launched
+    early after it (a kernel of its own to Triton: ``WAIT_PRIOR``, ``launch_pdl``)."""
+    quant = _quant_variant(call)
+    early = bool(quant) and configs.triton_a8_starts_early(call.m, call.k, call.x.device)
+    return (*quant, EARLY) if early else quant
+
+
 def _fused_variant(name: str):
     def variant(call: backends.LinearCall) -> tuple:
         config, _ = configs.lookup(name, call.m, call.x.device, True)
         mod, _ = _module("launch_fused")
         _, splits = mod.tiles_and_splits(call.m, call.n, call.k, config, call.x.device)
-        return (config, splits, _m_class(call.m), *(_quant_variant(call) if name == "triton_a8" else ()))
+        return (config, splits, _m_class(call.m), *(_triton_a8_start(call) if name == "triton_a8" else ()))
 
     return variant
 

@@ -109,6 +109,23 @@ def test_plan_runs_each_variant_at_its_smallest_m(monkeypatch, clean_choices):
     assert steps[0][:2] == (1, "cuda_mma_a8")  # N * K = 2^24: the early-started pair (configs.a8_fused_declines)
 
 
+def test_plan_runs_the_triton_int8_kernel_started_early_and_plain_apart(monkeypatch, clean_choices):
+    """On 1024 -> 6144 with row scales the Triton int8 kernel starts early up to M = 512 and plainly
+    above (configs.triton_a8_starts_early): one tile, one split and one class of M are then two
+    kernels to Triton, and the plan runs both (M = 257 and 1366). TERNOP_PDL=0 leaves no early one."""
+    _hopper(monkeypatch, 512)
+    monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
+    monkeypatch.delenv("TERNOP_PDL", raising=False)
+    make = _maker(6144, 1024, 8, "a8", "row")
+    ms = warmup.sample_ms(4096, configs.host_rule_edges(6144, 1024))
+    triton = {m: v for m, b, v in warmup.plan(make, ms) if b == "triton_a8"}
+    assert all((registry.EARLY in v) == (m <= 512) for m, v in triton.items()), triton
+    assert triton[257][:3] == triton[1366][:3] and triton[257] != triton[1366]
+    monkeypatch.setenv("TERNOP_PDL", "0")
+    backends.clear_cache()
+    assert not any(registry.EARLY in v for _, b, v in warmup.plan(make, ms) if b == "triton_a8")
+
+
 def test_warm_up_leaves_cpu_layers_alone():
     packed, scale = random_packed(64, 256, generator=torch.Generator().manual_seed(0))
     assert warmup.warm_up(packed, scale, activation_bits=16, layout="v1", dtype=torch.float32, max_m=64) == []
