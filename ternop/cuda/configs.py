@@ -570,16 +570,16 @@ A8_EARLY_PAIR_MIN_NK = 1 << 24
 
 
 def early_launch_enabled() -> bool:
-    """Whether the C++ launches may start early (``TERNOP_PDL`` is not ``0``), as
-    ``early_launch_allowed`` in csrc/ternary_common.cuh reads it."""
+    """Whether launches may start early: ``TERNOP_PDL`` is not ``0``. Read here on each ask (the
+    Triton launch, the M <= 2 rule); ``early_launch_allowed`` in csrc/ternary_common.cuh reads the
+    same variable once a process for the C++ launches."""
     return os.environ.get("TERNOP_PDL") != "0"
 
 
 def starts_early(device: torch.device) -> bool:
     """Whether the int8 kernels are launched early, with programmatic dependent launch, after the
     kernel that quantized their rows: where that kernel signals (``signals_dependents``) and
-    ``TERNOP_PDL`` is not ``0``. They wait before they read the rows. The C++ launches read the
-    same variable (``early_launch_allowed``); the Triton one (``fused_a8_kernel``) asks here."""
+    ``early_launch_enabled``. They wait before they read the rows."""
     return early_launch_enabled() and signals_dependents(device)
 
 
