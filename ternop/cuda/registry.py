@@ -48,11 +48,12 @@ from ternop.layouts import LAYOUT_CODES
 
 _modules: dict[str, tuple[object, str]] = {}
 
-# The CUDA C++ kernels are instantiated for 1 <= M <= 8 (ternary_gemv.cu) and 1 <= M <= 16
-# (ternary_mma.cu, fp16/bf16 x only, and ternary_mma_a8.cu; mma.sync m16n8k16 and m16n8k32 s8
-# need sm_80).
+# The CUDA C++ kernels are instantiated for 1 <= M <= 8 (ternary_gemv.cu), 1 <= M <= 16
+# (ternary_mma.cu, fp16/bf16 x only) and 1 <= M <= 32 (ternary_mma_a8.cu); mma.sync m16n8k16 and
+# m16n8k32 s8 need sm_80.
 CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
+CUDA_MMA_A8_MAX_M = 32
 # The fused quantization of ternary_mma_a8.cu keeps x's int8 rows in shared memory.
 CUDA_MMA_A8_FUSED_MAX_M = 2
 CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024
@@ -428,8 +429,8 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     why = _a8_only(call)
     if why:
         return False, why
-    if call.m > CUDA_MMA_MAX_M:
-        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
+    if call.m > CUDA_MMA_A8_MAX_M:
+        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_A8_MAX_M}"
     why = _mma_bucket("cuda_mma_a8", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why

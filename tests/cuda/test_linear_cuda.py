@@ -336,12 +336,13 @@ def test_linear_cuda_small_m_kernels_every_row_set_count(row_groups):
     exact after the int32 partials, so equal to the CPU reference bit for bit, fused or not."""
     from ternop.activations import quantize_rows
 
-    for m, k, n in [(1, 4096, 1160), (2, 2048, 520), (5, 384, 200), (12, 2176, 264), (16, 14336, 520)]:
+    for m, k, n in [(1, 4096, 1160), (2, 2048, 520), (5, 384, 200), (12, 2176, 264), (16, 14336, 520),
+                    (21, 2176, 264), (32, 4096, 520)]:
         v1, scale = _weights(n, k)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         _skip_unavailable("cuda_mma", x, v1, scale)
-        for layout in ("v1", "a16"):
+        for layout in ("v1", "a16") if m <= 16 else ():  # the 16-bit kernel takes M <= 16
             y = torch.ops.ternop.linear_cuda_mma(x, layouts.repack(v1, layout), scale, bias, layout == "a16", row_groups)
             _check(y, x, v1, scale, bias)
         a8, pow2 = layouts.repack(v1, "a8"), torch.full_like(scale, 2.0**-6)
@@ -359,19 +360,22 @@ def test_small_m_kernels_deeper_prefetch_gives_the_same_bits(row_groups):
     """depth=4 (four scale blocks of weight loads in flight a warp instead of two) moves when the
     loads are issued, not what is summed or in which order: one and two token tiles give depth 2's
     bits, with block counts a warp gets that are and are not multiples of 4 (K from 3 to 112
-    blocks). W2A8 with one power-of-two scale stays equal to the CPU reference, fused or not."""
+    blocks). W2A8 with one power-of-two scale stays equal to the CPU reference, fused or not, with
+    one, two and four token tiles (the 16-bit kernel stops at two, M = 16)."""
     from ternop.activations import quantize_rows
 
-    for m, k, n in [(1, 4096, 1160), (2, 2176, 520), (5, 384, 200), (8, 14336, 264), (12, 2176, 264), (16, 4096, 520)]:
+    for m, k, n in [(1, 4096, 1160), (2, 2176, 520), (5, 384, 200), (8, 14336, 264), (12, 2176, 264), (16, 4096, 520),
+                    (30, 2176, 264)]:
         v1, scale = _weights(n, k)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         _skip_unavailable("cuda_mma", x, v1, scale)
-        a16 = layouts.repack(v1, "a16")
-        shallow = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, 2)
-        deep = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, 4)
-        assert torch.equal(deep, shallow), (m, k, n)
-        _check(deep, x, v1, scale, bias)
+        if m <= 16:  # the 16-bit kernel takes M <= 16
+            a16 = layouts.repack(v1, "a16")
+            shallow = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, 2)
+            deep = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, 4)
+            assert torch.equal(deep, shallow), (m, k, n)
+            _check(deep, x, v1, scale, bias)
         a8, pow2 = layouts.repack(v1, "a8"), torch.full_like(scale, 2.0**-6)
         want = ternop.linear(x.cpu(), a8.cpu(), pow2.cpu(), bias.cpu(), activation_bits=8, layout="a8")
         q, qs = quantize_rows(x)
@@ -656,7 +660,7 @@ A8_CPP = ("cuda_mma_a8", "cuda_mma_a8_fused", "cuda_wgmma_a8")
 def _a8_takes(name, m, k):
     """Whether the C++ W2A8 backend ``name`` takes M rows of K (the others take every shape)."""
     if name == "cuda_mma_a8":
-        return m <= 16
+        return m <= 32
     if name == "cuda_mma_a8_fused":
         return m <= 2 and m * k <= 40 * 1024
     return True
@@ -1108,7 +1112,7 @@ def _replay_int8_chain(name, layers, x, monkeypatch, times):
     yield from _replays_with_new_x(chain, x, monkeypatch, times)
 
 
-@pytest.mark.parametrize("name, m", [("cuda_mma_a8", 1), ("cuda_mma_a8", 5), ("cuda_mma_a8", 16),
+@pytest.mark.parametrize("name, m", [("cuda_mma_a8", 1), ("cuda_mma_a8", 5), ("cuda_mma_a8", 16), ("cuda_mma_a8", 29),
                                      ("triton_a8", 5), ("triton_a8", 100), ("triton_a8", 700)])
 def test_linear_a8_kernel_reads_each_quantization_when_started_early(monkeypatch, name, m):
     """From sm_90 the small-M int8 kernel and the Triton one may start before the quantization of

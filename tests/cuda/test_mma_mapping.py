@@ -589,7 +589,7 @@ def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bi
     """Replays launch_ternary_mma_a8: q8 int8 [M, K], qs fp32 [M], wp uint8 [N, K/4] (a8), ws fp16."""
     M, K = q8.shape
     N = wp.shape[0]
-    NT = 1 if M <= 8 else 2
+    NT = 1 if M <= 8 else 2 if M <= 16 else 4
     blocks = K // 128
     sets, warps = a8_split(M, N, K, row_groups)
     per_warp = (blocks + warps - 1) // warps
@@ -644,7 +644,8 @@ def test_decode_a8_quads_every_code():
         assert np.array_equal(s8(quad(words, r)), value[:, 4 * r : 4 * r + 4]), r
 
 
-@pytest.mark.parametrize("m,k,n,row_groups", [(*shape, -1) for shape in SHAPES] + [(12, 640, 33, 2), (5, 2176, 24, 8)])
+@pytest.mark.parametrize("m,k,n,row_groups", [(*shape, -1) for shape in SHAPES]
+                         + [(12, 640, 33, 2), (5, 2176, 24, 8), (17, 384, 40, -1), (32, 256, 24, 2), (27, 640, 33, 1)])
 def test_kernel_a8_mapping_equals_the_spec(m, k, n, row_groups):
     g = torch.Generator().manual_seed(m * 7 + k + n)
     codes = torch.randint(0, 4, (n, k), generator=g).to(torch.uint8)

@@ -1,4 +1,4 @@
-// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 16, weights in the "a8" layout.
+// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 32, weights in the "a8" layout.
 //
 //   out[m, n] = s_x[m] * sum_b P[m, n, b] * scale[n, b] (+ bias[n]),
 //   P[m, n, b] = sum_{k in block b} q[m, k] * v[n, k]   (int32, exact)
@@ -17,7 +17,8 @@
 //
 // Orientation. One mma.sync m16n8k32 s8 multiplies A = 16 weight rows x 32 k by
 // B = 32 k x 8 tokens into int32 C [16 rows x 8 tokens]; M <= 8 uses one n8 tile, M <= 16
-// two that share the A fragment. Tokens past M and rows past N read token 0 / row 0.
+// two and M <= 32 four, which share the A fragment (each weight word decodes once for all of
+// them). Tokens past M and rows past N read token 0 / row 0.
 //
 // k order. Lane (g = lane / 4, q = lane % 4) owns, for rows g and g + 8, the 32 weights
 // [32q, 32q + 32) of each 128-wide block: two words h = 0, 1 of 16 codes. In the a8 layout
@@ -180,9 +181,9 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
   }
 }
 
-// CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two (ptxas uses 60
-// and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at kDeepDepthA8
-// (two tiles stay at 2).
+// CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two and four (ptxas
+// uses 60 and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at
+// kDeepDepthA8 (two and four tiles stay at 2).
 // kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
 // D: scale blocks of weight loads in flight per warp.
 template <typename T, int NT, bool kFused, int D>
@@ -360,10 +361,12 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   // From q and qs the kernel may start before the quantization that writes them has finished
   // (programmatic dependent launch, ternary_common.cuh): its first weight loads then overlap the
   // end of that kernel instead of following it.
-  auto kernel = deep ? (M <= 8 ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
-                               : ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>)
-                     : (M <= 8 ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
-                               : ternary_mma_a8_kernel<T, 2, false, kDepthA8>);
+  auto kernel = deep ? (M <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
+                        : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
+                                  : ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>)
+                     : (M <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
+                        : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
+                                  : ternary_mma_a8_kernel<T, 4, false, kDepthA8>);
   const T* no_x = nullptr;
   return launch_early(kernel, grid, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
                       N, K, wk);
@@ -371,8 +374,8 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 
 }  // namespace
 
-// Largest M the kernel takes (two n8 tiles).
-int ternary_mma_a8_max_m() { return 16; }
+// Largest M the kernel takes (four n8 tiles).
+int ternary_mma_a8_max_m() { return 32; }
 
 // Whether the kernels take `depth` (scale blocks of weight loads in flight per warp): kDepthA8
 // (or <= 0, the kernel's choice: kDepthA8) or kDeepDepthA8.
@@ -384,7 +387,7 @@ bool ternary_mma_a8_takes_depth(int depth) {
 // layout, 16-byte aligned; ws: fp16 [N, K/128], or [N, 1] when `row` (a scale per row,
 // ternop/activations.py); bias: [N] in the output dtype or nullptr;
 // out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
-// 1 <= M <= 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
+// 1 <= M <= 32. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
 // choice from the layer and `sms`, the device's multiprocessor count; depth as
 // ternary_mma_a8_takes_depth says.
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
