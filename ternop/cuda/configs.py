@@ -477,13 +477,19 @@ def wgmma_a8_smem_takes(m: int, n: int, k: int, device: torch.device) -> bool:
     return wgmma_a8_row_tile(m, n, k, sm_count(device))[0] == 5
 
 
-def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
-    """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
+def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_early: bool = False) -> str:
+    """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one.
+    ``triton_early``: triton_a8 would start early there (after quantize_rows, triton_a8_starts_early)."""
     sms = sm_count(device)
     tile, ctas = wgmma_a8_row_tile(m, n, k, sms)
     if tile == 5:  # the shared-memory tile: ahead of triton_a8 at every point it ran in 72e4256's run (above)
         return ""
     if k < WGMMA_A8_ROW_MIN_K:
+        if n <= 1024 and 256 <= m < 2048 and triton_early:
+            # Started early, triton_a8 overtook it here: 2048->1024 at M = 256 and 512 in
+            # results/h100/bench_linear_early_on_4d94a8d.json, 10.77 and 13.07 us against 12.18 and 14.57.
+            return (f"row scales at M={m}, N={n}, K={k}: triton_a8 started early after the quantization "
+                    f"is faster (configs.TRITON_A8_EARLY_LIMITS)")  # fmt: skip
         if n <= 1024 and 256 <= m < 2048:
             return ""
         return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "

@@ -645,3 +645,35 @@ def test_eager_a16_rule_picks_the_faster_path_of_its_probe(monkeypatch):
             assert wall[row["backend"]] < wall["cuda_wgmma"], (m, n, k)
             kept += 1
     assert (moved, kept) == (2, 4)
+
+
+def test_wgmma_a8_row_rule_leaves_the_calls_triton_a8_starts_early_to_it(monkeypatch):
+    """Started early after the quantization (configs.triton_a8_starts_early), triton_a8 overtook
+    cuda_wgmma_a8 on 2048->1024 at M = 256 and 512 (both forced, row scales, one H100, the A/B run's
+    early half), by 10-12%. The rule leaves exactly those cells to it; on 3072->1024 (K above the
+    early start's limit at these M) it keeps the Hopper kernel, as before. Rows quantized beforehand
+    (ternop::linear_q8, no early start) keep the Hopper kernel everywhere here."""
+    import collections
+    import json
+    from pathlib import Path
+
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_PDL", raising=False)
+    monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
+    monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_early_on_4d94a8d.json"
+    cells = collections.defaultdict(dict)
+    for row in json.loads(run.read_text())["results"]:
+        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    both = {cell: times for cell, times in cells.items() if "backend:cuda_wgmma_a8[a8 row]" in times
+            and "backend:triton_a8[a8 row]" in times and cell[1] <= 1024}  # fmt: skip
+    assert sorted(both) == [(256, 1024, 2048), (256, 1024, 3072), (512, 1024, 2048), (512, 1024, 3072)]
+    for (m, n, k), times in both.items():
+        early = configs.triton_a8_starts_early(m, k, DEV)
+        assert early == (k == 2048), (m, k)
+        triton, wgmma = times["backend:triton_a8[a8 row]"], times["backend:cuda_wgmma_a8[a8 row]"]
+        left_to_triton = configs.wgmma_a8_row_declines(m, n, k, DEV, early) != ""
+        assert left_to_triton == early, (m, k)
+        if early:
+            assert triton < 0.92 * wgmma, (m, k, triton, wgmma)
+        assert configs.wgmma_a8_row_declines(m, n, k, DEV, triton_early=False) == ""
