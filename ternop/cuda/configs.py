@@ -111,7 +111,8 @@ _BIG = 1 << 62
 # sweep_fused.json and sweep_fused_v2.json: every tile below, on the eight Qwen3-0.6B and 8B
 # shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
 # - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
-#   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels.
+#   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels. Since
+#   b5b99db cuda_mma_a8 takes M <= 32 on Hopper (its four-tile kernel; the comment above SM90).
 # - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8 (registry.py says why on every layer): the
 #   same kernel quantizing x itself, one launch instead of two. bench_linear at c4e4123 on the
 #   H200, M = 1: 0.4-0.9 us faster on the 0.6B shapes and 4096 x 4096 (against cuBLAS bf16,
@@ -137,7 +138,7 @@ _BIG = 1 << 62
 #   same work from one C++ op (a CUDA dequantization kernel, then cuBLAS) and goes first: the
 #   Python Triton launch it replaces cost tens of microseconds of host time per eager call
 #   (sweep_fused.json, host_us_per_call), which batches above vLLM's CUDA-graph sizes pay.
-# - triton_a8 for every M above 16: 1.11x at M = 32, 0.98x at 64, 0.76x at 128, 0.6-0.75x above.
+# - triton_a8 for every M above 16 (32 on Hopper): 1.11x at M = 32, 0.98x at 64, 0.76x at 128, 0.6-0.75x above.
 # - dequant_a8 for row-scaled int8 calls from M = 2048 (MIN_M): decode the codes to a dense
 #   int8 weight, then a dense int8 Triton GEMM (triton_dequant_a8.py). benchmarks/probe_a8_dense.py
 #   at b6e054d (results/h200/probe_a8_dense_b6e054d.json), against cuBLAS bf16 with quantization
@@ -148,10 +149,32 @@ _BIG = 1 << 62
 #   triton_dequant_a8.py for why it is not used).
 # - triton_gemm / triton_gemv: the first Triton kernels (format v1, fp32 x too); they rank
 #   after the fused kernels and run for what those decline.
+# cuda_mma_a8's four token tiles (M = 17..32) on Hopper, against what took those M before (triton_a8, or
+# cuda_wgmma_a8 on the row-scaled wide up-projections): bench_linear.py --below-floors --ms 16 17 24 32
+# --backends cuda_mma_a8,triton_a8,cuda_wgmma_a8 on one H100 at b5b99db
+# (results/h100/bench_linear_mma_a8_four_tiles_b5b99db.json), with the quantization, forced. Row scales:
+# 3-33% faster than the dispatcher's pick at every point of the seven layers with N * K < 2^26
+# (1024->6144 at M = 17: 5.54 against 8.22 us; 4096->14336 at M = 32: 18.03 against 18.66), and on
+# 4096->28672 7% faster at M = 17 but 2% and 8% slower at 24 and 32 (27.41 / 28.88 / 31.12 us against
+# cuda_wgmma_a8's 29.42 / 28.42 / 28.62): mma_a8_declines. Block scales: faster than triton_a8 at every
+# point (the Hopper kernel never takes them). Other GPUs keep M <= 16 (not measured).
+MMA_A8_MAX_M_SM90 = 32
+MMA_A8_WIDE_ROW_MIN_NK = 1 << 26
+MMA_A8_WIDE_ROW_MAX_M = 20  # between the M = 17 point it won and the M = 24 one it lost
+
+
+def mma_a8_declines(m: int, n: int, k: int, row_scales: bool) -> str:
+    """Why cuda_mma_a8 leaves an (M, N, K) inside its bucket to another backend, or "" (see above)."""
+    if row_scales and m > MMA_A8_WIDE_ROW_MAX_M and n * k >= MMA_A8_WIDE_ROW_MIN_NK:
+        return (f"row scales at M={m} on N * K = {n * k} >= 2^26: cuda_wgmma_a8 is faster above "
+                f"M = {MMA_A8_WIDE_ROW_MAX_M} (configs.mma_a8_declines)")
+    return ""
+
+
 SM90: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
-    "cuda_mma_a8": [(16, CudaMmaConfig())],
+    "cuda_mma_a8": [(MMA_A8_MAX_M_SM90, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "cuda_wgmma": [(_BIG, CudaMmaConfig())],
@@ -212,7 +235,7 @@ TABLES: dict[str, Table] = {"sm90": SM90, "default": DEFAULT}
 MIN_M: dict[str, dict[str, int]] = {
     "cuda_mma_tiles": {"sm90": 17, "default": 17},  # cuda_mma is faster up to M = 16
     "cuda_wgmma": {"sm90": 9, "default": 9},  # cuda_mma up to M = 8, and to 16 but on wide layers (wgmma_declines)
-    "cuda_wgmma_a8": {"sm90": 17, "default": 17},  # cuda_mma_a8 up to M = 16
+    "cuda_wgmma_a8": {"sm90": 17, "default": 17},  # cuda_mma_a8 up to M = 16 (32 on sm_90, less mma_a8_declines)
     "cuda_dequant": {"sm90": 256, "default": 256},
     "dequant_a8": {"sm90": 2048, "default": 2048},
     "dequant_cublas": {"sm90": 256, "default": 256},

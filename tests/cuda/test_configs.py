@@ -677,3 +677,43 @@ def test_wgmma_a8_row_rule_leaves_the_calls_triton_a8_starts_early_to_it(monkeyp
         if early:
             assert triton < 0.92 * wgmma, (m, k, triton, wgmma)
         assert configs.wgmma_a8_row_declines(m, n, k, DEV, triton_early=False) == ""
+
+
+def test_mma_a8_four_tiles_take_m_17_to_32_where_their_run_was_faster(monkeypatch):
+    """cuda_mma_a8's four token tiles against what the dispatcher picked before (one H100, forced,
+    with the quantization, M = 17, 24, 32 on the eight layers): with row scales the rule's pick ran
+    within 1% of the faster at every point, and its own kernel ran 3-33% faster wherever it takes the
+    call; with block scales it beat triton_a8 everywhere. On Hopper the registry takes M <= 32 but
+    row-scaled M > 20 on N * K >= 2^26 (cuda_wgmma_a8 goes there); other GPUs keep M <= 16."""
+    import collections
+    import json
+    from pathlib import Path
+
+    _hopper_ready(monkeypatch)
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_mma_a8_four_tiles_b5b99db.json"
+    cells = collections.defaultdict(dict)
+    for row in json.loads(run.read_text())["results"]:
+        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    points = [cell for cell in cells if cell[0] > 16]
+    assert len(points) == 24
+    for m, n, k in points:
+        times = cells[(m, n, k)]
+        mma, before = times["backend:cuda_mma_a8[a8 row]"], times["ternop_a8_row"]
+        declines = configs.mma_a8_declines(m, n, k, row_scales=True)
+        assert (declines != "") == (n * k >= 1 << 26 and m > 20), (m, n, k)
+        picked = before if declines else mma
+        assert picked <= 1.01 * min(mma, before), (m, n, k, mma, before)
+        if not declines:
+            assert mma < 0.98 * before, (m, n, k, mma, before)
+        assert times["backend:cuda_mma_a8[a8]"] < times["backend:triton_a8[a8]"], (m, n, k)
+        assert configs.mma_a8_declines(m, n, k, row_scales=False) == ""
+    assert registry._can_cuda_mma_a8(_shape_call(32, k=1024, n=4096)) == (True, "")
+    assert registry._can_cuda_mma_a8(_shape_call(20, k=4096, n=28672)) == (True, "")
+    ok, why = registry._can_cuda_mma_a8(_shape_call(24, k=4096, n=28672))
+    assert not ok and "mma_a8_declines" in why
+    assert registry._can_cuda_mma_a8(_shape_call(24, k=4096, n=28672, scales=32)) == (True, "")
+    ok, why = registry._can_cuda_mma_a8(_shape_call(33, k=1024, n=4096))
+    assert not ok and "M <= 32" in why
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
+    ok, why = registry._can_cuda_mma_a8(_shape_call(17, k=1024, n=4096))
+    assert not ok and "M <= 16" in why

@@ -97,14 +97,16 @@ def test_sampled_plan_finds_every_variant_that_any_m_reaches(monkeypatch, clean_
 
 
 def test_plan_runs_each_variant_at_its_smallest_m(monkeypatch, clean_choices):
-    """Row-scaled int8 on 4096 -> 4096 with graphs to 128 tokens: triton_a8 serves M = 17..64 under
-    the graphs in two tiles, each in two classes of M (the multiples of 16 are compiled apart)."""
+    """Row-scaled int8 on 4096 -> 4096 with graphs to 128 tokens: triton_a8 serves M = 33..64 under
+    the graphs (cuda_mma_a8's four token tiles take M = 17..32 on Hopper) in one tile, in two classes
+    of M (the multiples of 16 are compiled apart)."""
     _hopper(monkeypatch, 128)
     monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
     monkeypatch.delenv("TERNOP_PDL", raising=False)
     steps = warmup.plan(_maker(4096, 4096, 8, "a8", "row"), warmup.sample_ms(4096, configs.host_rule_edges(4096, 4096)))
     triton = [(m, v[0].block_m, v[2]) for m, b, v in steps if b == "triton_a8" and m <= 64]
-    assert triton == [(17, 32, "any"), (32, 32, "16n"), (33, 64, "any"), (48, 64, "16n")]
+    assert triton == [(33, 64, "any"), (48, 64, "16n")]
+    assert {b for m, b, _ in steps if m <= 32} == {"cuda_mma_a8"}
     assert [m for m, _, _ in steps] == sorted(m for m, _, _ in steps)
     assert steps[0][:2] == (1, "cuda_mma_a8")  # N * K = 2^24: the early-started pair (configs.a8_fused_declines)
 
