@@ -111,8 +111,8 @@ _BIG = 1 << 62
 # sweep_fused.json and sweep_fused_v2.json: every tile below, on the eight Qwen3-0.6B and 8B
 # shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
 # - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
-#   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels. Since
-#   b5b99db cuda_mma_a8 takes M <= 32 on Hopper (its four-tile kernel; the comment above SM90).
+#   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels. On
+#   Hopper cuda_mma_a8 now takes M <= 32 (its four-tile kernel, measured at b5b99db; the comment above SM90).
 # - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8 (registry.py says why on every layer): the
 #   same kernel quantizing x itself, one launch instead of two. bench_linear at c4e4123 on the
 #   H200, M = 1: 0.4-0.9 us faster on the 0.6B shapes and 4096 x 4096 (against cuBLAS bf16,
