@@ -524,8 +524,7 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         # the graphs' M, every call whose kernel costs less than those paths' host time
         # (configs.EAGER_A8_ROW_MAX_MNK).
         if not configs.eager_a8_row_host_bound(call.m, call.n, call.k):
-            early = not call.quantized and configs.triton_a8_starts_early(call.m, call.k, call.x.device)
-            why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device, early)
+            why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device, _triton_a8_early(call))
     elif not why and not _forced("cuda_wgmma_a8"):
         # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on
         # the 0.6B layers and 0.76-0.90x on the 8B ones, where bench_linear.json's triton_a8 (576215d) runs
@@ -612,12 +611,18 @@ def _quant_variant(call: backends.LinearCall) -> tuple:
 EARLY = "early"
 
 
+def _triton_a8_early(call: backends.LinearCall) -> bool:
+    """Whether triton_a8 would be launched early for this call: right after the quantization of its
+    rows (never for rows quantized beforehand), where configs.triton_a8_starts_early says so. The
+    launcher asks the same (launch_fused.linear_a8_quantized's after_quantize_rows)."""
+    return not call.quantized and configs.triton_a8_starts_early(call.m, call.k, call.x.device)
+
+
 def _triton_a8_start(call: backends.LinearCall) -> tuple:
     """The quantization before the Triton int8 kernel, and "early" where that kernel is launched
     early after it (a kernel of its own to Triton: ``WAIT_PRIOR``, ``launch_pdl``)."""
     quant = _quant_variant(call)
-    early = bool(quant) and configs.triton_a8_starts_early(call.m, call.k, call.x.device)
-    return (*quant, EARLY) if early else quant
+    return (*quant, EARLY) if _triton_a8_early(call) else quant
 
 
 def _fused_variant(name: str):
