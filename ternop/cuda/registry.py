@@ -49,11 +49,12 @@ from ternop.layouts import LAYOUT_CODES
 _modules: dict[str, tuple[object, str]] = {}
 
 # The CUDA C++ kernels are instantiated for 1 <= M <= 8 (ternary_gemv.cu), 1 <= M <= 16
-# (ternary_mma.cu, fp16/bf16 x only) and 1 <= M <= 32 (ternary_mma_a8.cu); mma.sync m16n8k16 and
-# m16n8k32 s8 need sm_80.
+# (ternary_mma.cu, fp16/bf16 x only) and 1 <= M <= 32, or 64 with row scales (ternary_mma_a8.cu);
+# mma.sync m16n8k16 and m16n8k32 s8 need sm_80.
 CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
 CUDA_MMA_A8_MAX_M = 32
+CUDA_MMA_A8_ROW_MAX_M = 64
 # The fused quantization of ternary_mma_a8.cu keeps x's int8 rows in shared memory.
 CUDA_MMA_A8_FUSED_MAX_M = 2
 CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024
@@ -429,13 +430,16 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     why = _a8_only(call)
     if why:
         return False, why
-    if call.m > CUDA_MMA_A8_MAX_M:
-        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_A8_MAX_M}"
+    row_scales = call.weight_scale.shape[1] == 1
+    max_m = CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M
+    if call.m > max_m:
+        scales = "row" if row_scales else "block"
+        return False, f"M={call.m} is above the kernel's M <= {max_m} with {scales} scales"
     why = _mma_bucket("cuda_mma_a8", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why
     if not _forced("cuda_mma_a8"):
-        why = configs.mma_a8_declines(call.m, call.n, call.k, call.weight_scale.shape[1] == 1)
+        why = configs.mma_a8_declines(call.m, call.n, call.k, row_scales)
         if why:
             return False, why
     mod, why = _module("launch_fused")  # the per-token quantization runs in Triton

@@ -657,10 +657,11 @@ A8_SHAPES = [(1, 128, 64), (3, 384, 136), (16, 4096, 1152), (17, 1024, 520), (64
 A8_CPP = ("cuda_mma_a8", "cuda_mma_a8_fused", "cuda_wgmma_a8")
 
 
-def _a8_takes(name, m, k):
-    """Whether the C++ W2A8 backend ``name`` takes M rows of K (the others take every shape)."""
+def _a8_takes(name, m, k, row=False):
+    """Whether the C++ W2A8 backend ``name`` takes M rows of K, with row scales if ``row`` (the
+    others take every shape)."""
     if name == "cuda_mma_a8":
-        return m <= 32
+        return m <= (64 if row else 32)
     if name == "cuda_mma_a8_fused":
         return m <= 2 and m * k <= 40 * 1024
     return True
@@ -743,15 +744,42 @@ def _row_scale(n):
     return (torch.rand(n, 1, device="cuda") * 0.1 + 0.01).half()
 
 
+@pytest.mark.parametrize("depth", [2, 4])
+@pytest.mark.parametrize("row_groups", [-1, 1, 2, 8])
+def test_mma_a8_eight_tiles_take_row_scales_to_m_64(row_groups, depth):
+    """Eight token tiles (M = 33..64) sum their int32 partials over all of K and take row scales
+    only: equal to the CPU reference bit for bit at every set count and both depths, with K from 3
+    to 112 blocks (warps with one block, and counts that are not multiples of the depth) and N
+    ragged against 16 rows a set. Block scales past M = 32 are refused, and so is M = 65."""
+    from ternop.activations import quantize_rows
+
+    for m, k, n in [(33, 384, 200), (40, 2176, 264), (57, 14336, 136), (64, 4096, 520), (64, 1024, 1160)]:
+        v1, scale = _weights(n, k)
+        packed, row = layouts.repack(v1, "a8"), _row_scale(n)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma_a8", x[:16], packed, row, bits=8, layout="a8")  # inside its bucket
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        q, qs = quantize_rows(x)
+        y = torch.ops.ternop.linear_cuda_mma_a8(q, qs, packed, row, bias, x.dtype, row_groups, depth)
+        bad = (y.cpu() != want).nonzero()
+        assert bad.numel() == 0, (m, k, n, len(bad), bad[:4].tolist())
+    with pytest.raises(RuntimeError, match="takes 1..32"):
+        torch.ops.ternop.linear_cuda_mma_a8(q, qs, packed, scale, bias, x.dtype, row_groups, depth)
+    q65, qs65 = quantize_rows(torch.randn(65, k, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="takes 1..64"):
+        torch.ops.ternop.linear_cuda_mma_a8(q65, qs65, packed, row, bias, x.dtype, row_groups, depth)
+
+
 @pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", "cuda_dequant_a8", *A8_CPP])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, name, dtype):
     """One scale per row (weight_scale [N, 1]) leaves a kernel no freedom (ternop/activations.py):
     every W2A8 backend must equal the CPU reference bit for bit, on ragged shapes, strided x, a
     strided bias, the split-K launches of the small-M shapes, and M past the large-M floors."""
-    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (1, 14336, 520),
-                                (2049, 2048, 264), (2100, 1024, 1100)]:  # fmt: skip
-        if not _a8_takes(name, m, k):
+    for m, k, n in A8_SHAPES + [(2, 1152, 136), (9, 2176, 40), (16, 14336, 264), (1, 14336, 520), (33, 2176, 264),
+                                (47, 1024, 520), (2049, 2048, 264), (2100, 1024, 1100)]:  # fmt: skip
+        if not _a8_takes(name, m, k, row=True):
             continue
         v1, _ = _weights(n, k)
         row = _row_scale(n)
@@ -987,7 +1015,7 @@ def test_linear_cuda_16_bit_above_the_graphs_runs_cuda_wgmma_on_small_layers(mon
     assert torch.equal(captured, eager)
 
 
-@pytest.mark.parametrize("m", [3, 200, 2100])
+@pytest.mark.parametrize("m", [3, 48, 200, 2100])
 def test_linear_cuda_a8_row_scales_graph_capture_and_compile(m):
     v1, _ = _weights(520, 1024)
     packed, row = layouts.repack(v1, "a8"), _row_scale(520)

@@ -586,10 +586,13 @@ def mma_s8(c: np.ndarray, a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarra
 
 def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bias: np.ndarray,
               row_groups: int = -1) -> np.ndarray:
-    """Replays launch_ternary_mma_a8: q8 int8 [M, K], qs fp32 [M], wp uint8 [N, K/4] (a8), ws fp16."""
+    """Replays launch_ternary_mma_a8: q8 int8 [M, K], qs fp32 [M], wp uint8 [N, K/4] (a8), ws fp16
+    [N, K/128], or [N, 1] (row scales: each block scaled by 1, the row's scale at the end)."""
     M, K = q8.shape
     N = wp.shape[0]
-    NT = 1 if M <= 8 else 2 if M <= 16 else 4
+    row = ws.shape[1] == 1
+    NT = 1 if M <= 8 else 2 if M <= 16 else 4 if M <= 32 else 8
+    assert NT < 8 or row, "eight tiles take row scales only"
     blocks = K // 128
     sets, warps = a8_split(M, N, K, row_groups)
     per_warp = (blocks + warps - 1) // warps
@@ -605,6 +608,7 @@ def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bi
             b_begin = min(warp * per_warp, blocks)
             count = min(per_warp, blocks - b_begin)
             acc = np.zeros((NT, 32, 4), np.float32)
+            run = np.zeros((NT, 32, 4), np.int64)  # eight tiles: C runs on over the warp's blocks
             for blk in range(b_begin, b_begin + count):
                 wa = np.stack([wp[r0[i], blk * 32 + 8 * qd[i] : blk * 32 + 8 * qd[i] + 8] for i in lanes]).view(U32)
                 wb = np.stack([wp[r1[i], blk * 32 + 8 * qd[i] : blk * 32 + 8 * qd[i] + 8] for i in lanes]).view(U32)
@@ -612,25 +616,30 @@ def kernel_a8(q8: np.ndarray, qs: np.ndarray, wp: np.ndarray, ws: np.ndarray, bi
                 for t in range(NT):
                     tok = np.where(t * 8 + g < M, t * 8 + g, 0)
                     xw.append(np.stack([q_words[tok[i], (blk * 128 + 32 * qd[i]) // 4 :][:8] for i in lanes]))
-                c = np.zeros((NT, 32, 4), np.int64)
+                c = run if NT == 8 else np.zeros((NT, 32, 4), np.int64)
                 for h in range(2):
                     gq = [quad(wa[:, h], r) for r in range(4)]
                     hq = [quad(wb[:, h], r) for r in range(4)]
                     for t in range(NT):
                         c[t] = mma_s8(c[t], [gq[0], hq[0], gq[1], hq[1]], [xw[t][:, 4 * h], xw[t][:, 4 * h + 1]])
                         c[t] = mma_s8(c[t], [gq[2], hq[2], gq[3], hq[3]], [xw[t][:, 4 * h + 2], xw[t][:, 4 * h + 3]])
-                sa, sb = ws[r0, blk].astype(np.float32), ws[r1, blk].astype(np.float32)
+                if NT == 8:
+                    assert np.abs(run).max() < 2**24  # what the kernel's int32 -> float conversion needs
+                    continue
+                sa, sb = (np.ones(32, np.float32),) * 2 if row else (ws[r0, blk].astype(np.float32),
+                                                                      ws[r1, blk].astype(np.float32))
                 for t in range(NT):
                     acc[t][:, :2] += c[t][:, :2].astype(np.float32) * sa[:, None]
                     acc[t][:, 2:] += c[t][:, 2:].astype(np.float32) * sb[:, None]
-            total += acc
+            total += run.astype(np.float32) if NT == 8 else acc
         for t in range(NT):
             for r in range(4):
                 n = np.where(r < 2, row0, row1)
                 m = t * 8 + 2 * qd + (r & 1)
                 for lane in lanes:
                     if n[lane] < N and m[lane] < M:
-                        out[m[lane], n[lane]] = total[t][lane, r] * qs[m[lane]] + bias[n[lane]]
+                        a = total[t][lane, r] * ws[n[lane], 0].astype(np.float32) if row else total[t][lane, r]
+                        out[m[lane], n[lane]] = a * qs[m[lane]] + bias[n[lane]]
     return out
 
 
@@ -657,5 +666,24 @@ def test_kernel_a8_mapping_equals_the_spec(m, k, n, row_groups):
     y = kernel_a8(q8.numpy(), qs.numpy(), layouts.repack(packed, "a8").numpy(), scale.numpy(), bias.numpy(),
                   row_groups)
     w = dequantize(packed, scale, torch.float64)
+    ref = ((q8.double() @ w.T) * qs.double()[:, None] + bias.double()).numpy()
+    assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]
+
+
+@pytest.mark.parametrize("m,k,n,row_groups", [(3, 256, 24, -1), (21, 384, 40, 2), (33, 384, 40, -1),
+                                              (48, 256, 24, 1), (64, 640, 33, 2)])
+def test_kernel_a8_mapping_with_row_scales_equals_the_spec(m, k, n, row_groups):
+    """Row scales (ws [N, 1]): every kernel sums its int32 partials over all of K and scales once at
+    the end; eight tiles (M = 33..64, row scales only) keep C in int32 over a warp's blocks."""
+    g = torch.Generator().manual_seed(m * 5 + k + n)
+    codes = torch.randint(0, 4, (n, k), generator=g).to(torch.uint8)
+    packed = pack_codes(codes)
+    scale = (2.0 ** torch.randint(-3, 2, (n, 1), generator=g)).to(torch.float16)
+    q8 = torch.randint(-127, 128, (m, k), generator=g).to(torch.int8)
+    qs = (2.0 ** torch.randint(-4, 1, (m,), generator=g)).to(torch.float32)
+    bias = torch.randint(-4, 5, (n,), generator=g).to(torch.float32)
+    y = kernel_a8(q8.numpy(), qs.numpy(), layouts.repack(packed, "a8").numpy(), scale.numpy(), bias.numpy(),
+                  row_groups)
+    w = dequantize(packed, torch.ones(n, k // 128, dtype=torch.float16), torch.float64) * scale.double()
     ref = ((q8.double() @ w.T) * qs.double()[:, None] + bias.double()).numpy()
     assert np.array_equal(y.astype(np.float64), ref), np.argwhere(y != ref)[:5]

@@ -58,7 +58,7 @@ bool ternary_mma_takes_depth(bool a16, int depth);
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
                                cudaStream_t stream);
-int ternary_mma_a8_max_m();
+int ternary_mma_a8_max_m(bool row);
 bool ternary_mma_a8_takes_depth(int depth);
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
@@ -247,7 +247,8 @@ at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const a
   check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(static_cast<int>(depth)),
               "2 or 4");
   return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype,
-                  ternop::ternary_mma_a8_max_m(), [&](int code, const void* b, void* out, int M, int N, int K) {
+                  ternop::ternary_mma_a8_max_m(row_scaled(weight_scale, q.size(1))),
+                  [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
                                                          weight_packed.data_ptr<uint8_t>(),
                                                          reinterpret_cast<const __half*>(weight_scale.data_ptr()),

@@ -1,4 +1,5 @@
-// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 32, weights in the "a8" layout.
+// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 32 (64 with row scales), weights in
+// the "a8" layout.
 //
 //   out[m, n] = s_x[m] * sum_b P[m, n, b] * scale[n, b] (+ bias[n]),
 //   P[m, n, b] = sum_{k in block b} q[m, k] * v[n, k]   (int32, exact)
@@ -17,8 +18,11 @@
 //
 // Orientation. One mma.sync m16n8k32 s8 multiplies A = 16 weight rows x 32 k by
 // B = 32 k x 8 tokens into int32 C [16 rows x 8 tokens]; M <= 8 uses one n8 tile, M <= 16
-// two and M <= 32 four, which share the A fragment (each weight word decodes once for all of
-// them). Tokens past M and rows past N read token 0 / row 0.
+// two, M <= 32 four and M <= 64 eight, which share the A fragment (each weight word decodes once
+// for all of them). Tokens past M and rows past N read token 0 / row 0. Eight tiles take row
+// scales only: their int32 C fragments then run on over all of K (no per-block conversion, no
+// float accumulators), and the x words are loaded a tile at a time, which is what keeps the
+// kernel inside the 128 registers of two CTAs an SM.
 //
 // k order. Lane (g = lane / 4, q = lane % 4) owns, for rows g and g + 8, the 32 weights
 // [32q, 32q + 32) of each 128-wide block: two words h = 0, 1 of 16 codes. In the a8 layout
@@ -39,6 +43,7 @@
 namespace ternop {
 
 bool ternary_mma_a8_takes_depth(int depth);
+int ternary_mma_a8_max_m(bool row);
 
 namespace {
 
@@ -181,16 +186,39 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
   }
 }
 
+// The same two steps with each tile's four x words loaded just before its two mmas (xw[t][4H..4H+3]
+// above): bytes 16H..16H+15 of the lane's 32 at px[t] + off.
+template <int NT, int H>
+__device__ __forceinline__ void mma_word_a8_tilewise(uint32_t w_g, uint32_t w_g8, const int8_t* const (&px)[NT],
+                                                     int off, uint32_t table, int (&c)[NT][4]) {
+  const uint32_t g0 = quad<0>(w_g, table), g1 = quad<1>(w_g, table);
+  const uint32_t g2 = quad<2>(w_g, table), g3 = quad<3>(w_g, table);
+  const uint32_t h0 = quad<0>(w_g8, table), h1 = quad<1>(w_g8, table);
+  const uint32_t h2 = quad<2>(w_g8, table), h3 = quad<3>(w_g8, table);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(px[t] + off) + H);
+    mma_16832(c[t], g0, h0, g1, h1, xv.x, xv.y);
+    mma_16832(c[t], g2, h2, g3, h3, xv.z, xv.w);
+  }
+}
+
 // CTAs per SM that ptxas must fit: 4 (64 registers) for one n8 tile, 2 for two and four (ptxas
 // uses 60 and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at
-// kDeepDepthA8 (two and four tiles stay at 2).
+// kDeepDepthA8 (two and four tiles stay at 2). Eight tiles fit one CTA an SM: a block's x words
+// (64 registers a lane, which ptxas loads together), the 32 int32 sums and the decoded weights
+// take about 160 registers, and in 128 they spilled. On the layers they are for (N <= 4096 at
+// M = 33..64) the grid is about one wave of CTAs anyway.
 // kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
 // D: scale blocks of weight loads in flight per warp.
 template <typename T, int NT, bool kFused, int D>
-__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 : 4) : 2) ternary_mma_a8_kernel(
+__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 : 4) : NT == 8 ? 1 : 2) ternary_mma_a8_kernel(
     const int8_t* __restrict__ q, const float* __restrict__ qs, const T* __restrict__ x,
     const uint8_t* __restrict__ wp, const __half* __restrict__ ws, bool row, const T* __restrict__ bias,
     T* __restrict__ out, int M, int N, int K, int warps_log2) {
+  // Eight tiles (row scales only, never fused): C runs on over all of K in int32.
+  constexpr bool kIntAcc = NT == 8;
+  static_assert(!(kIntAcc && kFused), "the fused quantization takes M <= 2");
   __shared__ float red[kMaxWarpsA8 - 1][NT * 4][32];
   extern __shared__ __align__(16) int8_t xq_shared[];  // kFused: the quantized rows, [M, K]
   __shared__ float qs_shared[kFusedMaxM];
@@ -224,6 +252,12 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[t][r] = 0.f;
 
+  int cacc[NT][4];  // kIntAcc: the running int32 sums
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) cacc[t][r] = 0;
+
   uint2 wbuf[D][2];
   __half sbuf[D][2];
 #pragma unroll
@@ -254,6 +288,15 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
     for (int u = 0; u < D; ++u) {
       if (u >= left) break;  // warp-uniform
       const uint2 wa = wbuf[u][0], wb = wbuf[u][1];
+      if constexpr (kIntAcc) {
+        if (u + D < left) {
+          wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + D));
+          wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + D));
+        }
+        mma_word_a8_tilewise<NT, 0>(wa.x, wb.x, px, 128 * u, table, cacc);
+        mma_word_a8_tilewise<NT, 1>(wa.y, wb.y, px, 128 * u, table, cacc);
+        continue;
+      }
       const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
       if (u + D < left) {
         wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + D));
@@ -302,6 +345,13 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
 #pragma unroll
     for (int t = 0; t < NT; ++t) px[t] += 128 * D;
   }
+  if constexpr (kIntAcc) {
+    // Exact, as the float sums of the other kernels, while |S| < 2^24 (127 * K).
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[t][r] = static_cast<float>(cacc[t][r]);
+  }
 
   // The set is recomputed here rather than kept live through the loop.
   if (!sum_set_warps<NT>(red, acc, threadIdx.x >> (5 + warps_log2), warp, warps, lane)) return;
@@ -333,6 +383,7 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
                         bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
                         int sms, cudaStream_t stream) {
   if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
+  if (M > ternary_mma_a8_max_m(row)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
   int sets = row_groups;
   if (sets <= 0 && x != nullptr) {
@@ -363,10 +414,12 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   // end of that kernel instead of following it.
   auto kernel = deep ? (M <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
                         : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
-                                  : ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>)
+                        : M <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>
+                                  : ternary_mma_a8_kernel<T, 8, false, kDeepDepthA8>)
                      : (M <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
                         : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
-                                  : ternary_mma_a8_kernel<T, 4, false, kDepthA8>);
+                        : M <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDepthA8>
+                                  : ternary_mma_a8_kernel<T, 8, false, kDepthA8>);
   const T* no_x = nullptr;
   return launch_early(kernel, grid, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
                       N, K, wk);
@@ -374,8 +427,8 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 
 }  // namespace
 
-// Largest M the kernel takes (four n8 tiles).
-int ternary_mma_a8_max_m() { return 32; }
+// Largest M the kernel takes: four n8 tiles, or eight with row scales (`row`).
+int ternary_mma_a8_max_m(bool row) { return row ? 64 : 32; }
 
 // Whether the kernels take `depth` (scale blocks of weight loads in flight per warp): kDepthA8
 // (or <= 0, the kernel's choice: kDepthA8) or kDeepDepthA8.
@@ -387,13 +440,13 @@ bool ternary_mma_a8_takes_depth(int depth) {
 // layout, 16-byte aligned; ws: fp16 [N, K/128], or [N, 1] when `row` (a scale per row,
 // ternop/activations.py); bias: [N] in the output dtype or nullptr;
 // out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
-// 1 <= M <= 32. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
+// 1 <= M <= ternary_mma_a8_max_m(row). row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
 // choice from the layer and `sms`, the device's multiprocessor count; depth as
 // ternary_mma_a8_takes_depth says.
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
                                   int row_groups, int depth, int sms, cudaStream_t stream) {
-  if (!valid_shape(M, ternary_mma_a8_max_m(), N, K)) return cudaErrorInvalidValue;
+  if (!valid_shape(M, ternary_mma_a8_max_m(row), N, K)) return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
     using T = decltype(tag);
     return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, row_groups, depth, sms, stream);
