@@ -1,6 +1,6 @@
 """Times every tile of the mid-M and Hopper CUDA kernels against cuBLAS bf16.
 
-    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8|mma_a8_fused] [--out benchmarks/results/h200/sweep_tiles.json]
+    python benchmarks/sweep_tiles.py [--kernel mma_tiles|wgmma|wgmma_a8|wgmma_a8_row|mma|mma_a8|mma_a8_row|mma_a8_fused] [--out benchmarks/results/h200/sweep_tiles.json]
 
 The kernel (``ternop/cuda/csrc/ternary_mma_tiles.cu``) has two tiles; ``auto_tile`` there
 picks one by M, N and K, and ``ternop.cuda.configs`` gives the backend its M range. This sweep
@@ -20,9 +20,10 @@ tiles 0-5, the last four for row scales only: 192 weight rows at 128 tokens, 256
 128 and 256 with the weights decoded into shared memory, ``ternary_wgmma_a8_ss.cu``).
 
 ``--kernel mma`` and ``--kernel mma_a8`` time the small-M kernels (``ternary_mma.cu``,
-``ternary_mma_a8.cu``, M <= 16; default ``--ms`` 1 4 8 12 16) with 1, 2, 4 and 8 sets of 16 weight
+``ternary_mma_a8.cu``; default ``--ms`` 1 4 8 12 16) with 1, 2, 4 and 8 sets of 16 weight
 rows per CTA (``tile:<i>`` is 2^i sets; ``small_m_split`` in ``ternary_common.cuh`` picks for
-``tile:auto``); ``mma_a8`` includes the per-token quantization of x, and ``--kernel mma_a8_fused``
+``tile:auto``); ``mma_a8`` includes the per-token quantization of x (M <= 32), ``mma_a8_row`` is
+the same with one scale per weight row (M <= 64, eight token tiles above 32), and ``--kernel mma_a8_fused``
 times the form that quantizes x inside the kernel (``--ms`` 1 2 only). With ``--depths 2 4`` they
 are also timed with four scale blocks of weight loads in flight a warp instead of two
 (``tile:<i>:d4``, ``tile:auto:d4``; the result is the same bits at either depth).
@@ -54,6 +55,7 @@ KERNELS = {
     "wgmma_a8_row": ("linear_cuda_wgmma_a8", 6, "a8", True),
     "mma": ("linear_cuda_mma", 4, "a16", False),  # tile i: 2^i sets of 16 rows per CTA
     "mma_a8": ("linear_cuda_mma_a8", 4, "a8", False),
+    "mma_a8_row": ("linear_cuda_mma_a8", 4, "a8", True),
     "mma_a8_fused": ("linear_cuda_mma_a8_fused", 4, "a8", False),  # M <= 2: quantizes x itself
 }
 
@@ -106,7 +108,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                 graphs = {"cublas_bf16": capture(lambda i: F.linear(x, dense[i % len(dense)]), calls)}
                 errs = {}
                 runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
-                if kernel in ("mma", "mma_a8", "mma_a8_fused"):
+                if kernel in ("mma", "mma_a8", "mma_a8_row", "mma_a8_fused"):
                     runs += [(tile, d, f":d{d}") for d in depths if d != 2 for tile in (*range(tiles), -1)]
                 for tile, depth, tag in runs:
                     name = f"tile:{tile if tile >= 0 else 'auto'}{tag}"
@@ -137,12 +139,12 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_tiles.json"))
-    parser.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {MS}; mma, mma_a8: {SMALL_MS}; mma_a8_fused: 1 2")
+    parser.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {MS}; mma, mma_a8, mma_a8_row: {SMALL_MS}; mma_a8_fused: 1 2")
     parser.add_argument("--shapes", type=_shape_list, default=None,
                         help="only these K->N shapes, e.g. 4096x14336,1024x4096")
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="mma_tiles")
     parser.add_argument("--depths", type=int, nargs="+", default=[2],
-                        help="mma, mma_a8: weight-load depths to time (2 is the default kernel; 4 the deep one)")
+                        help="mma, mma_a8, mma_a8_row: weight-load depths to time (2 is the default kernel; 4 the deep one)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("sweep_tiles needs a CUDA device", file=sys.stderr)
