@@ -112,7 +112,8 @@ _BIG = 1 << 62
 # shapes; the geometric mean of the speed-up over cuBLAS bf16 decides):
 # - cuda_mma (fp16/bf16, v1 or a16) and cuda_mma_a8 (int8) take M <= 16: 2.4x and 2.0x at
 #   M = 1, 1.4x and 1.5x at M = 16, against at most 1.1x and 1.2x for the Triton kernels. On
-#   Hopper cuda_mma_a8 now takes M <= 32 (its four-tile kernel, measured at b5b99db; the comment above SM90).
+#   Hopper cuda_mma_a8 now takes M <= 32 (its four-tile kernel, measured at b5b99db), and with row
+#   scales M <= 64 on K <= 1024 (eight tiles, b3151bc; the comment above SM90).
 # - cuda_mma_a8_fused takes M <= 2 from cuda_mma_a8 (registry.py says why on every layer): the
 #   same kernel quantizing x itself, one launch instead of two. bench_linear at c4e4123 on the
 #   H200, M = 1: 0.4-0.9 us faster on the 0.6B shapes and 4096 x 4096 (against cuBLAS bf16,
@@ -158,7 +159,17 @@ _BIG = 1 << 62
 # 4096->28672 7% faster at M = 17 but 2% and 8% slower at 24 and 32 (27.41 / 28.88 / 31.12 us against
 # cuda_wgmma_a8's 29.42 / 28.42 / 28.62): mma_a8_declines. Block scales: faster than triton_a8 at every
 # point (the Hopper kernel never takes them). Other GPUs keep M <= 16 (not measured).
+# Its eight token tiles (M = 33..64, row scales only; one CTA an SM) against the dispatcher of then
+# (triton_a8 started early, cuda_wgmma_a8 on the wide up-projections): bench_linear.py --below-floors
+# --ms 33 40 48 64 --backends cuda_mma_a8,triton_a8,cuda_wgmma_a8 --rows ternop_a8_row,ternop_q8_row on
+# one H100 at b3151bc (results/h100/bench_linear_mma_a8_eight_tiles_b3151bc.json). On the two K = 1024
+# layers 8-31% faster at M = 33..48 (1024->6144 at M = 33: 7.19 against 9.99 us, 0.72x -> 1.00x of
+# cuBLAS bf16) and level at 64 (7.63 / 7.74, 8.36 / 8.38); from K = 2048 level at M = 33 on 2048->1024
+# and 11-45% slower everywhere else (4096->14336 at M = 64: 35.87 against 19.78), the decode of a
+# long K with 8 warps an SM: mma_a8_declines keeps those to the others.
 MMA_A8_MAX_M_SM90 = 32
+MMA_A8_ROW_MAX_M_SM90 = 64
+MMA_A8_EIGHT_TILES_MAX_K = 1024
 MMA_A8_WIDE_ROW_MIN_NK = 1 << 26
 MMA_A8_WIDE_ROW_MAX_M = 20  # between the M = 17 point it won and the M = 24 one it lost
 
@@ -168,13 +179,16 @@ def mma_a8_declines(m: int, n: int, k: int, row_scales: bool) -> str:
     if row_scales and m > MMA_A8_WIDE_ROW_MAX_M and n * k >= MMA_A8_WIDE_ROW_MIN_NK:
         return (f"row scales at M={m} on N * K = {n * k} >= 2^26: cuda_wgmma_a8 is faster above "
                 f"M = {MMA_A8_WIDE_ROW_MAX_M} (configs.mma_a8_declines)")
+    if m > MMA_A8_MAX_M_SM90 and k > MMA_A8_EIGHT_TILES_MAX_K:
+        return (f"M={m} on K={k} > {MMA_A8_EIGHT_TILES_MAX_K}: the eight-tile kernel is faster only on "
+                f"K <= {MMA_A8_EIGHT_TILES_MAX_K} (configs.mma_a8_declines)")
     return ""
 
 
 SM90: Table = {
     "cuda_mma": [(16, CudaMmaConfig())],
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
-    "cuda_mma_a8": [(MMA_A8_MAX_M_SM90, CudaMmaConfig())],
+    "cuda_mma_a8": [(MMA_A8_ROW_MAX_M_SM90, CudaMmaConfig())],  # block scales: M <= 32 (registry)
     "cuda_gemv": [(2, CudaGemvConfig())],
     "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "cuda_wgmma": [(_BIG, CudaMmaConfig())],

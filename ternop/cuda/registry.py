@@ -6,7 +6,7 @@ Order (lower priority first):
 |---|---|---|---|
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
 | ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``) | fp16/bf16 | v1, a16 |
-| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 (32 on Hopper, less ``configs.mma_a8_declines``) | int8 (any float x) | a8 |
+| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 (32 on Hopper, 64 there with row scales, less ``configs.mma_a8_declines``) | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_dequant_a8`` | C++ decoding to a dense int8 weight (``ternop::decode_int8_cuda``), then ``dequant_a8``'s int8 Triton GEMM; wherever ``dequant_a8``'s rules let it run, one Python launch fewer | int8 (any float x) | all |

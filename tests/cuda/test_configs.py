@@ -712,8 +712,40 @@ def test_mma_a8_four_tiles_take_m_17_to_32_where_their_run_was_faster(monkeypatc
     ok, why = registry._can_cuda_mma_a8(_shape_call(24, k=4096, n=28672))
     assert not ok and "mma_a8_declines" in why
     assert registry._can_cuda_mma_a8(_shape_call(24, k=4096, n=28672, scales=32)) == (True, "")
-    ok, why = registry._can_cuda_mma_a8(_shape_call(33, k=1024, n=4096))
-    assert not ok and "M <= 32" in why
+    ok, why = registry._can_cuda_mma_a8(_shape_call(33, k=1024, n=4096, scales=8))
+    assert not ok and "M <= 32 with block scales" in why
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
     ok, why = registry._can_cuda_mma_a8(_shape_call(17, k=1024, n=4096))
     assert not ok and "M <= 16" in why
+
+
+def test_mma_a8_eight_tiles_take_m_33_to_64_on_k_1024_where_their_run_was_faster(monkeypatch):
+    """cuda_mma_a8's eight token tiles (row scales only) against what the dispatcher picked before
+    (one H100, forced, with the quantization, M = 33, 40, 48, 64 on the eight layers): on the K = 1024
+    layers faster or level at every point, from K = 2048 level at one point and slower at the rest.
+    The rule's pick is within 1% of the faster at all 32 points; block scales stay at M <= 32, and
+    M = 65 goes elsewhere."""
+    import collections
+    import json
+    from pathlib import Path
+
+    _hopper_ready(monkeypatch)
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_mma_a8_eight_tiles_b3151bc.json"
+    cells = collections.defaultdict(dict)
+    for row in json.loads(run.read_text())["results"]:
+        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    assert len(cells) == 32 and all(m > 32 for m, _, _ in cells)
+    for m, n, k in cells:
+        times = cells[(m, n, k)]
+        mma, before = times["backend:cuda_mma_a8[a8 row]"], times["ternop_a8_row"]
+        declines = configs.mma_a8_declines(m, n, k, row_scales=True)
+        assert (declines != "") == (k > 1024), (m, n, k)
+        picked = before if declines else mma
+        assert picked <= 1.01 * min(mma, before), (m, n, k, mma, before)
+        if not declines and m <= 48:
+            assert mma < 0.93 * before, (m, n, k, mma, before)
+    assert registry._can_cuda_mma_a8(_shape_call(64, k=1024, n=6144)) == (True, "")
+    ok, why = registry._can_cuda_mma_a8(_shape_call(33, k=2048, n=1024))
+    assert not ok and "mma_a8_declines" in why
+    ok, why = registry._can_cuda_mma_a8(_shape_call(65, k=1024, n=4096))
+    assert not ok and "M <= 64 with row scales" in why
