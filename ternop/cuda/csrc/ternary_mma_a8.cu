@@ -171,9 +171,11 @@ __device__ __forceinline__ void mma_16832(int (&c)[4], uint32_t a0, uint32_t a1,
 #endif
 }
 
-// Steps 2H and 2H + 1 of a block: word H of rows g (w_g) and g + 8 (w_g8).
-template <int NT, int H>
-__device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const uint32_t (&xw)[NT][8], uint32_t table,
+// Steps 2H and 2H + 1 of a block: word H of rows g (w_g) and g + 8 (w_g8). xwords(t) gives tile
+// t's B words for them, the lane's x words 4H..4H+3: from registers loaded beforehand, or (eight
+// tiles) loaded there, just before the tile's two mmas.
+template <int NT, typename XWords>
+__device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, uint32_t table, XWords xwords,
                                             int (&c)[NT][4]) {
   const uint32_t g0 = quad<0>(w_g, table), g1 = quad<1>(w_g, table);
   const uint32_t g2 = quad<2>(w_g, table), g3 = quad<3>(w_g, table);
@@ -181,23 +183,7 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, const u
   const uint32_t h2 = quad<2>(w_g8, table), h3 = quad<3>(w_g8, table);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    mma_16832(c[t], g0, h0, g1, h1, xw[t][4 * H + 0], xw[t][4 * H + 1]);
-    mma_16832(c[t], g2, h2, g3, h3, xw[t][4 * H + 2], xw[t][4 * H + 3]);
-  }
-}
-
-// The same two steps with each tile's four x words loaded just before its two mmas (xw[t][4H..4H+3]
-// above): bytes 16H..16H+15 of the lane's 32 at px[t] + off.
-template <int NT, int H>
-__device__ __forceinline__ void mma_word_a8_tilewise(uint32_t w_g, uint32_t w_g8, const int8_t* const (&px)[NT],
-                                                     int off, uint32_t table, int (&c)[NT][4]) {
-  const uint32_t g0 = quad<0>(w_g, table), g1 = quad<1>(w_g, table);
-  const uint32_t g2 = quad<2>(w_g, table), g3 = quad<3>(w_g, table);
-  const uint32_t h0 = quad<0>(w_g8, table), h1 = quad<1>(w_g8, table);
-  const uint32_t h2 = quad<2>(w_g8, table), h3 = quad<3>(w_g8, table);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(px[t] + off) + H);
+    const uint4 xv = xwords(t);
     mma_16832(c[t], g0, h0, g1, h1, xv.x, xv.y);
     mma_16832(c[t], g2, h2, g3, h3, xv.z, xv.w);
   }
@@ -293,8 +279,11 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
           wbuf[u][0] = load_stream8_a8(pw0 + 32 * (u + D));
           wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + D));
         }
-        mma_word_a8_tilewise<NT, 0>(wa.x, wb.x, px, 128 * u, table, cacc);
-        mma_word_a8_tilewise<NT, 1>(wa.y, wb.y, px, 128 * u, table, cacc);
+        // Bytes 16H..16H+15 of the lane's 32 of this block.
+        mma_word_a8<NT>(wa.x, wb.x, table, [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u)); },
+                        cacc);
+        mma_word_a8<NT>(wa.y, wb.y, table,
+                        [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u) + 1); }, cacc);
         continue;
       }
       const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
@@ -326,8 +315,8 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
       for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int r = 0; r < 4; ++r) c[t][r] = 0;
-      mma_word_a8<NT, 0>(wa.x, wb.x, xw, table, c);
-      mma_word_a8<NT, 1>(wa.y, wb.y, xw, table, c);
+      mma_word_a8<NT>(wa.x, wb.x, table, [&](int t) { return make_uint4(xw[t][0], xw[t][1], xw[t][2], xw[t][3]); }, c);
+      mma_word_a8<NT>(wa.y, wb.y, table, [&](int t) { return make_uint4(xw[t][4], xw[t][5], xw[t][6], xw[t][7]); }, c);
       // C fragment: c[t][0], c[t][1] are row g, c[t][2], c[t][3] row g + 8. The int32 -> fp32
       // conversion is exact (|P| <= 127 * 128).
 #pragma unroll
