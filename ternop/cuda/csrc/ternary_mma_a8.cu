@@ -21,8 +21,7 @@
 // two, M <= 32 four and M <= 64 eight, which share the A fragment (each weight word decodes once
 // for all of them). Tokens past M and rows past N read token 0 / row 0. Eight tiles take row
 // scales only: their int32 C fragments then run on over all of K (no per-block conversion, no
-// float accumulators), and the x words are loaded a tile at a time, which is what keeps the
-// kernel inside the 128 registers of two CTAs an SM.
+// float accumulators), and each tile's x words are loaded just before its mmas.
 //
 // k order. Lane (g = lane / 4, q = lane % 4) owns, for rows g and g + 8, the 32 weights
 // [32q, 32q + 32) of each 128-wide block: two words h = 0, 1 of 16 codes. In the a8 layout
@@ -193,8 +192,9 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, uint32_
 // uses 60 and 90; at 3 CTAs the two-tile kernel spilled); 3 (85 registers) for one tile at
 // kDeepDepthA8 (two and four tiles stay at 2). Eight tiles fit one CTA an SM: a block's x words
 // (64 registers a lane, which ptxas loads together), the 32 int32 sums and the decoded weights
-// take about 160 registers, and in 128 they spilled. On the layers they are for (N <= 4096 at
-// M = 33..64) the grid is about one wave of CTAs anyway.
+// take 158-166 registers, and in 128 they spilled. The dispatch gives them only the K = 1024
+// layers (configs.mma_a8_declines), where they were the fastest int8 kernel of their run; on
+// longer K the other int8 kernels were faster.
 // kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
 // D: scale blocks of weight loads in flight per warp.
 template <typename T, int NT, bool kFused, int D>
