@@ -246,13 +246,13 @@ at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const a
   check_row_groups(op, row_groups);
   check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(static_cast<int>(depth)),
               "2 or 4");
-  return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype,
-                  ternop::ternary_mma_a8_max_m(row_scaled(weight_scale, q.size(1))),
+  const bool row = row_scaled(weight_scale, q.dim() == 2 ? q.size(1) : 0);  // run_on_q checks q's shape
+  return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype, ternop::ternary_mma_a8_max_m(row),
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
                                                          weight_packed.data_ptr<uint8_t>(),
                                                          reinterpret_cast<const __half*>(weight_scale.data_ptr()),
-                                                         row_scaled(weight_scale, K), b, out, M, N, K,
+                                                         row, b, out, M, N, K,
                                                          static_cast<int>(row_groups), static_cast<int>(depth),
                                                          sms_of(q), stream_of(q));
                   });

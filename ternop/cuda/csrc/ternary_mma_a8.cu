@@ -371,8 +371,8 @@ template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
                         bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
                         int sms, cudaStream_t stream) {
+  // M is checked by both entry points below (ternary_mma_a8_max_m(row), or the fused form's M <= 2).
   if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
-  if (M > ternary_mma_a8_max_m(row)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
   int sets = row_groups;
   if (sets <= 0 && x != nullptr) {
