@@ -58,6 +58,8 @@ KERNELS = {
     "mma_a8_row": ("linear_cuda_mma_a8", 4, "a8", True),
     "mma_a8_fused": ("linear_cuda_mma_a8_fused", 4, "a8", False),  # M <= 2: quantizes x itself
 }
+# The small-M kernels: their tiles are set counts, and they also take a weight-load depth.
+SMALL_KERNELS = ("mma", "mma_a8", "mma_a8_row", "mma_a8_fused")
 
 
 def _caller(op, layout: str):
@@ -108,7 +110,7 @@ def run(ms, out_path: Path, kernel: str = "mma_tiles", shapes=None, depths=(2,))
                 graphs = {"cublas_bf16": capture(lambda i: F.linear(x, dense[i % len(dense)]), calls)}
                 errs = {}
                 runs = [(tile, -1, "") for tile in (*range(tiles), -1)]
-                if kernel in ("mma", "mma_a8", "mma_a8_row", "mma_a8_fused"):
+                if kernel in SMALL_KERNELS:
                     runs += [(tile, d, f":d{d}") for d in depths if d != 2 for tile in (*range(tiles), -1)]
                 for tile, depth, tag in runs:
                     name = f"tile:{tile if tile >= 0 else 'auto'}{tag}"
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         ms = args.ms or ([1, 2] if args.kernel == "mma_a8_fused"
-                         else SMALL_MS if args.kernel.startswith("mma") and args.kernel != "mma_tiles" else MS)
+                         else SMALL_MS if args.kernel in SMALL_KERNELS else MS)
         report = run(ms, args.out, args.kernel, args.shapes, args.depths)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
