@@ -243,6 +243,19 @@ def _hopper_ready(monkeypatch):
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
 
+def _bench_cells(path: str) -> dict:
+    """A committed bench_linear run (``path`` under benchmarks/results/) as {(M, N, K): {impl: us}}."""
+    import collections
+    import json
+    from pathlib import Path
+
+    cells = collections.defaultdict(dict)
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results" / path
+    for row in json.loads(run.read_text())["results"]:
+        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    return cells
+
+
 def _shape_call(m, k=4096, n=14336, scales=1, bits=8, layout="a8"):
     """A call of M rows on an N x K layer, as shapes only (nothing on a GPU)."""
     from types import SimpleNamespace
@@ -403,15 +416,8 @@ def test_wgmma_a8_row_rule_picks_the_faster_kernel_of_its_run(monkeypatch):
     H200): at 75 of its 77 points the kernel the rule picks ran within 4% of the faster of the two.
     The two others, the K = 1024 layers at M = 256, are left to triton_a8 at 9% and 14% (its 0.51x
     and 0.53x of cuBLAS bf16 against 0.58x), where the Hopper kernel is behind on either side."""
-    import collections
-    import json
-    from pathlib import Path
-
     monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/bench_linear_a8_mid_below_floors_e084e64.json"
-    cells = collections.defaultdict(dict)
-    for row in json.loads(run.read_text())["results"]:
-        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    cells = _bench_cells("h200/bench_linear_a8_mid_below_floors_e084e64.json")
     slow = {}
     for (m, n, k), times in cells.items():
         triton, wgmma = times["backend:triton_a8[a8 row]"], times["backend:cuda_wgmma_a8[a8 row]"]
@@ -653,18 +659,11 @@ def test_wgmma_a8_row_rule_leaves_the_calls_triton_a8_starts_early_to_it(monkeyp
     early half), by 10-12%. The rule leaves exactly those cells to it; on 3072->1024 (K above the
     early start's limit at these M) it keeps the Hopper kernel, as before. Rows quantized beforehand
     (ternop::linear_q8, no early start) keep the Hopper kernel everywhere here."""
-    import collections
-    import json
-    from pathlib import Path
-
     _sm90(monkeypatch)
     monkeypatch.delenv("TERNOP_PDL", raising=False)
     monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
     monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_early_on_4d94a8d.json"
-    cells = collections.defaultdict(dict)
-    for row in json.loads(run.read_text())["results"]:
-        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    cells = _bench_cells("h100/bench_linear_early_on_4d94a8d.json")
     both = {cell: times for cell, times in cells.items() if "backend:cuda_wgmma_a8[a8 row]" in times
             and "backend:triton_a8[a8 row]" in times and cell[1] <= 1024}  # fmt: skip
     assert sorted(both) == [(256, 1024, 2048), (256, 1024, 3072), (512, 1024, 2048), (512, 1024, 3072)]
@@ -685,15 +684,8 @@ def test_mma_a8_four_tiles_take_m_17_to_32_where_their_run_was_faster(monkeypatc
     within 1% of the faster at every point, and its own kernel ran 3-33% faster wherever it takes the
     call; with block scales it beat triton_a8 everywhere. On Hopper the registry takes M <= 32 but
     row-scaled M > 20 on N * K >= 2^26 (cuda_wgmma_a8 goes there); other GPUs keep M <= 16."""
-    import collections
-    import json
-    from pathlib import Path
-
     _hopper_ready(monkeypatch)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_mma_a8_four_tiles_b5b99db.json"
-    cells = collections.defaultdict(dict)
-    for row in json.loads(run.read_text())["results"]:
-        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    cells = _bench_cells("h100/bench_linear_mma_a8_four_tiles_b5b99db.json")
     points = [cell for cell in cells if cell[0] > 16]
     assert len(points) == 24
     for m, n, k in points:
@@ -725,15 +717,8 @@ def test_mma_a8_eight_tiles_take_m_33_to_64_on_k_1024_where_their_run_was_faster
     layers faster or level at every point, from K = 2048 level at one point and slower at the rest.
     The rule's pick is within 1% of the faster at all 32 points; block scales stay at M <= 32, and
     M = 65 goes elsewhere."""
-    import collections
-    import json
-    from pathlib import Path
-
     _hopper_ready(monkeypatch)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_mma_a8_eight_tiles_b3151bc.json"
-    cells = collections.defaultdict(dict)
-    for row in json.loads(run.read_text())["results"]:
-        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+    cells = _bench_cells("h100/bench_linear_mma_a8_eight_tiles_b3151bc.json")
     assert len(cells) == 32 and all(m > 32 for m, _, _ in cells)
     for m, n, k in cells:
         times = cells[(m, n, k)]
