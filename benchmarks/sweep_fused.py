@@ -9,6 +9,8 @@ every candidate tile of ``triton_a16`` (layouts v1 and a16) and ``triton_a8``, b
 cuBLAS bf16 and dequantize-then-cuBLAS, timed as bench_linear times everything (CUDA-graph
 replays over weight copies rotated past the L2). The JSON holds every timing; the printed
 table the best tile per (shape, M, kernel). Also reports the host time of one eager call.
+``--shapes`` and ``--ms`` take a subset, ``--a8-only`` leaves out the 16-bit candidates, and
+``--a8-row`` adds the int8 candidates with one scale per weight row (``a8[a8 row]``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ternop  # noqa: E402
 from stamp import git_commit  # noqa: E402
-from bench_linear import DTYPE, SHAPES, copies_for, make_weights, time_graph  # noqa: E402
+from bench_linear import DTYPE, _shape_list, copies_for, families, make_weights, time_graph  # noqa: E402
 from ternop import layouts  # noqa: E402
 from ternop.backends import LinearCall  # noqa: E402
 from ternop.cpu import _linear_cpu  # noqa: E402
@@ -54,7 +56,8 @@ A8_CANDIDATES = {
     64: [C(64, 64, 4, 3, max_split_k=8), C(64, 128, 4, 3, max_split_k=8), C(64, 64, 4, 4, max_split_k=8)],
     128: [C(128, 64, 4, 3, max_split_k=4), C(64, 128, 4, 3, max_split_k=4), C(64, 64, 4, 3, max_split_k=8)],
     512: [C(128, 64, 4, 3, max_split_k=2), C(128, 128, 8, 3, max_split_k=2), C(64, 128, 4, 3, max_split_k=4),
-          C(256, 64, 8, 3, max_split_k=2)],
+          C(256, 64, 8, 3, max_split_k=2), C(128, 64, 4, 3), C(64, 64, 4, 3), C(64, 64, 4, 4, max_split_k=2),
+          C(128, 64, 4, 4), C(128, 64, 8, 3)],
     2048: [C(128, 64, 4, 3), C(128, 128, 8, 3), C(256, 64, 8, 3)],
 }
 # Layout v1 is timed only on the first candidate of a bucket: it answers whether the a16
@@ -181,28 +184,34 @@ def host_overhead() -> dict:
     return res
 
 
-def sweep(ms, shapes, rows: list, save) -> list[dict]:
-    """Appends to ``rows`` and calls ``save()`` after every shape (a cut-off run keeps what it timed)."""
+def sweep(ms, shapes, rows: list, save, a8_only: bool = False, a8_row: bool = False) -> list[dict]:
+    """Appends to ``rows`` and calls ``save()`` after every shape (a cut-off run keeps what it timed).
+    ``a8_only``: only the int8 candidates (and cuBLAS); ``a8_row``: also time them with one scale per
+    weight row (``weight_scale`` [N, 1], each row's first block scale), as ``a8[a8 row]``."""
     for family, k, n in shapes:
         tern_bytes = n * k // 4 + 2 * n * (k // 128)
         base = make_weights(k, n, copies_for(tern_bytes))
         dense = [ternop.dequantize(p, s, DTYPE) for p, s in base[: copies_for(2 * n * k)]]
         per_layout = {lay: [(layouts.repack(p, lay), s) for p, s in base] for lay in ("v1", "a16", "a8")}
+        a8_rows = [(p, s[:, :1].contiguous()) for p, s in per_layout["a8"]]
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=DTYPE)
             timed = {"cublas_bf16": time_graph(lambda i: F.linear(x, dense[i % len(dense)]), len(dense))}
-            if m >= 256:
+            if m >= 256 and not a8_only:
                 timed["dequant_cublas"] = time_graph(
                     lambda i: launch_triton.linear_dequant_cublas(x, *per_layout["a16"][i % len(base)], None, "a16", 32, 512),
                     len(base))
             cands = []
-            for j, cfg in enumerate(candidates(A16_CANDIDATES, m)):
+            for j, cfg in enumerate([] if a8_only else candidates(A16_CANDIDATES, m)):
                 for lay in (("v1", "a16") if j == 0 else ("a16",)):
                     cands.append((f"a16[{lay}]", cfg, lambda i, c=cfg, l=lay: launch_fused.linear_a16(
                         x, *per_layout[l][i % len(base)], None, l, c)))
             for cfg in candidates(A8_CANDIDATES, m):
                 cands.append(("a8[a8]", cfg, lambda i, c=cfg: launch_fused.linear_a8(x, *per_layout["a8"][i % len(base)], None, "a8", c)))
-            if m <= 16 and cuda_ext.load()[0]:
+                if a8_row:
+                    cands.append(("a8[a8 row]", cfg,
+                                  lambda i, c=cfg: launch_fused.linear_a8(x, *a8_rows[i % len(base)], None, "a8", c)))
+            if m <= 16 and not a8_only and cuda_ext.load()[0]:
                 q, qs = launch_fused.quantize_rows(x)
                 timed["cuda_mma[v1]"] = time_graph(
                     lambda i: torch.ops.ternop.linear_cuda_mma(x, *per_layout["v1"][i % len(base)], None, False), len(base))
@@ -237,7 +246,7 @@ def sweep(ms, shapes, rows: list, save) -> list[dict]:
             line = "  ".join(f"{kname} x{r['speedup_vs_bf16']:.2f}" for kname, r in sorted(best.items())
                              if kname != "quantize_rows")
             print(f"{family:4s} {k:5d}->{n:5d} M={m:5d} bf16 {timed['cublas_bf16']:8.2f} us | {line}", flush=True)
-        del base, dense, per_layout
+        del base, dense, per_layout, a8_rows
         torch.cuda.empty_cache()
         save()
     return rows
@@ -248,10 +257,16 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/sweep_fused.json"))
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
     parser.add_argument("--quick", action="store_true", help="one 8B and one 0.6B shape")
+    parser.add_argument("--shapes", type=_shape_list, default=None,
+                        help="only these K->N shapes, e.g. 2048x1024,3072x1024 (default: the eight of bench_linear)")
+    parser.add_argument("--a8-only", action="store_true", help="only the int8 candidates, beside cuBLAS bf16")
+    parser.add_argument("--a8-row", action="store_true",
+                        help="also time the int8 candidates with one scale per weight row (a8[a8 row])")
     parser.add_argument("--skip-check", action="store_true")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
-    shapes = [(fam, k, n) for fam, sh in SHAPES.items() for k, n in sh]
+    shapes = [(fam, k, n) for fam, sh in families(args.shapes).items() for k, n in sh
+              if args.shapes is None or (k, n) in args.shapes]
     if args.quick:
         shapes = [("8B", 4096, 14336), ("0.6B", 1024, 6144)]
     report = {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -277,7 +292,7 @@ def main(argv=None) -> int:
         print("host us/call:", report["host_us_per_call"], flush=True)
         save()
         report["sweep"] = []
-        sweep(args.ms, shapes, report["sweep"], save)
+        sweep(args.ms, shapes, report["sweep"], save, args.a8_only, args.a8_row)
         report["complete"] = True
         save()
     print(f"wrote {args.out}")
