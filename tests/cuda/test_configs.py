@@ -469,16 +469,12 @@ def test_triton_a8_starts_early_only_where_its_run_was_faster(monkeypatch):
     int8 kernel forced, row scales, TERNOP_PDL=0 then 1): every cell it starts early ran faster
     started early, and every cell that ran more than 3% slower started early is one it launches
     plainly. Without the early start (TERNOP_PDL=0, or no sm_90) it starts nothing early."""
-    import json
-    from pathlib import Path
-
     _sm90(monkeypatch)
     monkeypatch.delenv("TERNOP_PDL", raising=False)
     monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
-    results = Path(__file__).resolve().parents[2] / "benchmarks/results/h100"
-    off, on = ({(row["M"], row["N"], row["K"]): row["us"] for row in json.loads(
-        (results / f"bench_linear_early_{run}_4d94a8d.json").read_text())["results"]
-        if row["impl"] == "backend:triton_a8[a8 row]"} for run in ("off", "on"))  # fmt: skip
+    forced = "backend:triton_a8[a8 row]"
+    off, on = ({cell: times[forced] for cell, times in _bench_cells(f"h100/bench_linear_early_{run}_4d94a8d.json").items()
+                if forced in times} for run in ("off", "on"))  # fmt: skip
     assert len(off) == len(on) == 64
     early = [cell for cell in on if configs.triton_a8_starts_early(cell[0], cell[2], DEV)]
     assert len(early) == 48  # M = 1..128 on the seven layers with K <= 4096; M = 256, 512 on the three with K <= 2048
