@@ -255,9 +255,13 @@ def bytes_moved(name: str, m: int, k: int, n: int) -> int:
 
 
 def families(chosen=None) -> dict[str, list[tuple[int, int]]]:
-    """SHAPES, plus the chosen (K, N) shapes of no family as family "other"."""
+    """SHAPES by family, or with ``chosen`` (K, N) shapes only those, the ones of no family as
+    family "other"."""
+    if chosen is None:
+        return {**SHAPES, "other": []}
     known = {shape for family in SHAPES.values() for shape in family}
-    return {**SHAPES, "other": [shape for shape in chosen or () if shape not in known]}
+    return {**{family: [shape for shape in shapes if shape in chosen] for family, shapes in SHAPES.items()},
+            "other": [shape for shape in chosen if shape not in known]}
 
 
 def run_bench(args, save=None) -> dict:
@@ -268,10 +272,8 @@ def run_bench(args, save=None) -> dict:
         known = ", ".join(b.name for b in backends.available("cuda"))
         raise SystemExit(f"--backends: no CUDA backend {', '.join(unknown)}; these are registered: {known}")
     results = []
-    for family, shapes in families(args.shapes).items():
+    for family, shapes in families(args.shapes or None).items():
         for k, n in shapes:
-            if args.shapes and (k, n) not in args.shapes:
-                continue
             tern_bytes = n * k // 4 + 2 * n * (k // 128)
             base = make_weights(k, n, copies_for(tern_bytes))
             tern = {lay: [(layouts.repack(p, lay), s) for p, s in base] for lay in ("a16", "a8")}

@@ -265,8 +265,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-check", action="store_true")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
-    shapes = [(fam, k, n) for fam, sh in families(args.shapes).items() for k, n in sh
-              if args.shapes is None or (k, n) in args.shapes]
+    shapes = [(fam, k, n) for fam, sh in families(args.shapes).items() for k, n in sh]
     if args.quick:
         shapes = [("8B", 4096, 14336), ("0.6B", 1024, 6144)]
     report = {"commit": git_commit(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
