@@ -2,9 +2,10 @@
 
     ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
     ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-                            bool a16=False, int row_groups=-1, int depth=-1) -> Tensor
+                            bool a16=False, int row_groups=-1, int depth=-1, int slab=0) -> Tensor
     ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
-                               Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor
+                               Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1,
+                               int slab=0) -> Tensor
     ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
                                      Tensor? bias=None, int row_groups=-1, int depth=-1) -> Tensor
     ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
@@ -33,7 +34,11 @@ the three small-M ops is -1 (the kernel picks from N, K and the multiprocessor c
 number of sets of 16 weight rows one CTA owns, 1, 2, 4 or 8 (for benchmarks). Their ``depth`` is
 -1 (the kernel's choice: 2) or the number of 128-wide scale blocks of weight loads each warp
 keeps in flight, 2 or 4; 4 in ``linear_cuda_mma`` only with ``a16`` weights (for benchmarks; the
-result is the same bits at either depth).
+result is the same bits at either depth). ``slab`` of ``linear_cuda_mma`` and ``linear_cuda_mma_a8``
+is 0 (one CTA column takes all of M: M <= 16, or 32 / 64 in the W2A8 op) or the tokens one CTA
+takes, 8 or 16 (and 32 in the W2A8 op; in ``linear_cuda_mma`` only with ``a16`` weights at the
+default depth): M then runs as ceil(M / slab) token slabs along the grid's y, each the same bits
+as a call on its rows alone. The dispatcher picks it (``configs.mma_slab``, ``configs.mma_a8_slab``).
 """
 
 from __future__ import annotations
@@ -44,11 +49,11 @@ _lib = torch.library.Library("ternop", "FRAGMENT")
 _lib.define("linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor")
 _lib.define(
     "linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None, bool a16=False, "
-    "int row_groups=-1, int depth=-1) -> Tensor"
+    "int row_groups=-1, int depth=-1, int slab=0) -> Tensor"
 )
 _lib.define(
     "linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale, Tensor? bias, "
-    "ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor"
+    "ScalarType dtype, int row_groups=-1, int depth=-1, int slab=0) -> Tensor"
 )
 
 _lib.define(
@@ -97,12 +102,12 @@ def _linear_cuda_fake(x, weight_packed, weight_scale, bias=None):
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma", lib=_lib)
-def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False, row_groups=-1, depth=-1):
+def _linear_cuda_mma_fake(x, weight_packed, weight_scale, bias=None, a16=False, row_groups=-1, depth=-1, slab=0):
     return _out(x, weight_packed, x.dtype)
 
 
 @torch.library.register_fake("ternop::linear_cuda_mma_a8", lib=_lib)
-def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, row_groups=-1, depth=-1):
+def _linear_cuda_mma_a8_fake(q, qs, weight_packed, weight_scale, bias, dtype, row_groups=-1, depth=-1, slab=0):
     return _out(q, weight_packed, dtype)
 
 

@@ -460,10 +460,13 @@ def test_linear_cuda_mma_tiles_takes_m_17_to_64():
 
     # 1152 x 1024 is below cuda_wgmma's shape rule up to M = 64 (K = 1024 and N * K < 2^22); from M = 65
     # cuda_wgmma takes every layer on Hopper.
+    # On Hopper M = 17 runs cuda_mma in token slabs (configs.mma_slab), which go before it.
     hopper = torch.cuda.get_device_capability() == (9, 0) and cuda_ext.wgmma_built()
     declines = configs.wgmma_declines(65, 1152, 1024)
     above = "cuda_wgmma" if hopper and not declines else "triton_a16"
-    assert chosen == {16: "cuda_mma", 17: "cuda_mma_tiles", 64: "cuda_mma_tiles", 65: above}, chosen
+    at17 = "cuda_mma" if configs.mma_slab(17, 1152, 1024, x.device) else "cuda_mma_tiles"
+    assert configs.mma_slab(64, 1152, 1024, x.device) == 0
+    assert chosen == {16: "cuda_mma", 17: at17, 64: "cuda_mma_tiles", 65: above}, chosen
 
 
 def test_linear_cuda_mma_declines_with_reasons():
@@ -769,6 +772,74 @@ def test_mma_a8_eight_tiles_take_row_scales_to_m_64(row_groups, depth):
     q65, qs65 = quantize_rows(torch.randn(65, k, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="takes 1..64"):
         torch.ops.ternop.linear_cuda_mma_a8(q65, qs65, packed, row, bias, x.dtype, row_groups, depth)
+
+
+@pytest.mark.parametrize("slab", [8, 16])
+@pytest.mark.parametrize("row_groups", [-1, 1, 8])
+def test_mma_token_slabs_equal_a_launch_of_each_slab(slab, row_groups):
+    """The 16-bit small-M kernel over ceil(M / slab) token slabs along the grid's y (a16 weights): the
+    2x rule, and every slab, the last one ragged included, equal bit for bit to a launch of its rows
+    alone, at every set count and with K from 3 to 112 blocks and N ragged against 16 rows a set."""
+    for m, k, n in [(slab + 1, 384, 200), (24, 2176, 264), (40, 4096, 520), (64, 1024, 1160), (77, 14336, 136)]:
+        v1, scale = _weights(n, k)
+        a16 = layouts.repack(v1, "a16")
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma", x[:16], v1, scale)
+        y = torch.ops.ternop.linear_cuda_mma(x, a16, scale, bias, True, row_groups, slab=slab)
+        _check(y, x, v1, scale, bias)
+        for m0 in range(0, m, slab):
+            rows = x[m0:m0 + slab].contiguous()
+            one = torch.ops.ternop.linear_cuda_mma(rows, a16, scale, bias, True, row_groups)
+            assert torch.equal(y[m0:m0 + slab], one), (m, k, n, m0)
+
+
+@pytest.mark.parametrize("slab", [8, 16, 32])
+@pytest.mark.parametrize("row_groups", [-1, 1, 8])
+def test_mma_a8_token_slabs_equal_the_reference(slab, row_groups):
+    """The int8 small-M kernel over ceil(M / slab) token slabs of one, two or four tiles: with row
+    scales bit for bit the CPU reference, with block scales within the W2A8 tolerance of the fp64 spec
+    (test_linear_cuda_a8_against_the_spec), past the one-launch bounds (M = 64, 32) up to M = 200."""
+    from ternop.activations import quantize_rows
+
+    for m, k, n in [(slab + 1, 384, 200), (40, 2176, 264), (64, 4096, 520), (100, 1024, 1160), (200, 2048, 136)]:
+        v1, scale = _weights(n, k)
+        packed, row = layouts.repack(v1, "a8"), _row_scale(n)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma_a8", x[:16], packed, row, bits=8, layout="a8")
+        q, qs = quantize_rows(x)
+        y_row = torch.ops.ternop.linear_cuda_mma_a8(q, qs, packed, row, bias, x.dtype, row_groups, 2, slab)
+        y_block = torch.ops.ternop.linear_cuda_mma_a8(q, qs, packed, scale, bias, x.dtype, row_groups, 2, slab)
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        bad = (y_row.cpu() != want).nonzero()
+        assert bad.numel() == 0, (m, k, n, len(bad), bad[:4].tolist())
+        ref = linear_a8_fp64(x, packed, scale, bias, "a8")
+        assert _rel_err(y_block, ref) <= 8e-3, (m, k, n, _rel_err(y_block, ref))
+
+
+def test_small_m_kernels_refuse_a_slab_they_do_not_take():
+    """A slab the kernel has no form for is refused with its rule, never run as another: 16-bit slabs
+    take a16 weights at the default depth, 8 or 16 tokens; int8 slabs 8, 16 or 32."""
+    from ternop.activations import quantize_rows
+
+    v1, scale = _weights(256, 1024)
+    x = torch.randn(40, 1024, device="cuda", dtype=torch.bfloat16)
+    _skip_unavailable("cuda_mma", x[:4], v1, scale)
+    a16 = layouts.repack(v1, "a16")
+    mma = torch.ops.ternop.linear_cuda_mma
+    for args, why in [((v1, scale, None, False, -1, -1), "with v1 weights"), ((a16, scale, None, True, -1, 4), "depth 4"),
+                      ((a16, scale, None, True, -1, -1), "got 32")]:  # fmt: skip
+        with pytest.raises(RuntimeError, match="slab must be 0") as err:
+            mma(x, *args, slab=32 if why == "got 32" else 16)
+        assert why in str(err.value), str(err.value)
+    with pytest.raises(RuntimeError, match="takes 1..16"):
+        mma(x, a16, scale, None, True)  # M = 40 without slabs
+    q, qs = quantize_rows(x)
+    a8 = layouts.repack(v1, "a8")
+    for slab in (4, 64, -1):
+        with pytest.raises(RuntimeError, match="slab must be 0"):
+            torch.ops.ternop.linear_cuda_mma_a8(q, qs, a8, scale, None, x.dtype, -1, -1, slab)
 
 
 @pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", "cuda_dequant_a8", *A8_CPP])

@@ -3,9 +3,10 @@
 //
 //   ternop::linear_cuda(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None) -> Tensor
 //   ternop::linear_cuda_mma(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias=None,
-//                           bool a16=False, int row_groups=-1, int depth=-1) -> Tensor
+//                           bool a16=False, int row_groups=-1, int depth=-1, int slab=0) -> Tensor
 //   ternop::linear_cuda_mma_a8(Tensor q, Tensor qs, Tensor weight_packed, Tensor weight_scale,
-//                              Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1) -> Tensor
+//                              Tensor? bias, ScalarType dtype, int row_groups=-1, int depth=-1,
+//                              int slab=0) -> Tensor
 //   ternop::linear_cuda_mma_a8_fused(Tensor x, Tensor weight_packed, Tensor weight_scale,
 //                                    Tensor? bias=None, int row_groups=-1, int depth=-1) -> Tensor
 //   ternop::linear_cuda_dequant(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? bias,
@@ -19,7 +20,7 @@
 //   ternop::decode_int8_cuda(Tensor weight_packed, int layout) -> Tensor
 //
 // x [M, K] contiguous, fp16/bf16/fp32 with 1 <= M <= ternary_gemv_max_m() (CUDA cores,
-// ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m() (tensor cores,
+// ternary_gemv.cu) or fp16/bf16 with 1 <= M <= ternary_mma_max_m(slab) (tensor cores,
 // ternary_mma.cu, format v1 or the a16 layout); weight_packed uint8 [N, K/4]; weight_scale
 // fp16 [N, K/128]; bias [N] in x's dtype or None -> new [M, N] in x's dtype. The W2A8 ops take
 // x already quantized (q int8 [M, K], qs fp32 [M]), weights in the a8 layout, scales [N, K/128]
@@ -28,7 +29,9 @@
 // and quantizes it inside the kernel, with the same result; the three small-M ops' row_groups
 // (sets of 16 weight rows per CTA, small_m_split in ternary_common.cuh) and depth (scale blocks
 // of weight loads each warp keeps in flight: 2 or 4, 4 in linear_cuda_mma only for the a16
-// layout) are -1 for the kernel's choice. linear_cuda_dequant (large M, any M
+// layout) are -1 for the kernel's choice; slab (linear_cuda_mma, linear_cuda_mma_a8) is 0 for one
+// CTA over all of M, or the tokens one CTA takes (8 or 16, and 32 in the W2A8 op) of a launch that
+// runs ceil(M / slab) token slabs along the grid's y. linear_cuda_dequant (large M, any M
 // and any row stride of x) writes the dense weight [N, K] in x's dtype (layout 0 = v1, 1 = a16,
 // 2 = a8; ternary_dequant.cu) and returns at::linear(x, w, bias). linear_cuda_mma_tiles (mid M,
 // any M and any row stride that keeps rows 16-byte aligned; fp16/bf16 x, weights in the a16
@@ -53,16 +56,18 @@ namespace ternop {
 int ternary_gemv_max_m();
 cudaError_t launch_ternary_gemv(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
                                 void* out, int M, int N, int K, cudaStream_t stream);
-int ternary_mma_max_m();
+int ternary_mma_max_m(int slab);
 bool ternary_mma_takes_depth(bool a16, int depth);
+bool ternary_mma_takes_slab(bool a16, int depth, int slab);
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
-                               cudaStream_t stream);
-int ternary_mma_a8_max_m(bool row);
+                               void* out, int M, int N, int K, bool a16, int row_groups, int depth, int slab,
+                               int sms, cudaStream_t stream);
+int ternary_mma_a8_max_m(bool row, int slab);
 bool ternary_mma_a8_takes_depth(int depth);
+bool ternary_mma_a8_takes_slab(int slab);
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
-                                  int row_groups, int depth, int sms, cudaStream_t stream);
+                                  int row_groups, int depth, int slab, int sms, cudaStream_t stream);
 bool ternary_mma_a8_fused_takes(int M, int K);
 cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_t* wp, const __half* ws, bool row,
                                         const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
@@ -198,17 +203,23 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight_packed, con
 }
 
 at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed, const at::Tensor& weight_scale,
-                           const std::optional<at::Tensor>& bias, bool a16, int64_t row_groups, int64_t depth) {
+                           const std::optional<at::Tensor>& bias, bool a16, int64_t row_groups, int64_t depth,
+                           int64_t slab) {
   const char* op = "ternop.linear_cuda_mma";
   check_row_groups(op, row_groups);
   check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_takes_depth(a16, static_cast<int>(depth)),
               "2, or 4 with a16 weights");
-  return run_on_x(op, x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(), false,
+  TORCH_CHECK(slab == 0 || ((slab == 8 || slab == 16) &&
+                            ternop::ternary_mma_takes_slab(a16, static_cast<int>(depth), static_cast<int>(slab))),
+              op, ": slab must be 0 (one CTA takes all of M), or 8 or 16 with a16 weights at the default depth; got ",
+              slab, a16 ? "" : " with v1 weights", depth == -1 || depth == 2 ? "" : " at depth 4");
+  return run_on_x(op, x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(static_cast<int>(slab)), false,
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma(x.data_ptr(), code, weight_packed.data_ptr<uint8_t>(),
                                                       reinterpret_cast<const __half*>(weight_scale.data_ptr()), b,
                                                       out, M, N, K, a16, static_cast<int>(row_groups),
-                                                      static_cast<int>(depth), sms_of(x), stream_of(x));
+                                                      static_cast<int>(depth), static_cast<int>(slab), sms_of(x),
+                                                      stream_of(x));
                   });
 }
 
@@ -241,20 +252,23 @@ at::Tensor run_on_q(const char* op, const at::Tensor& q, const at::Tensor& qs, c
 
 at::Tensor linear_cuda_mma_a8(const at::Tensor& q, const at::Tensor& qs, const at::Tensor& weight_packed,
                               const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                              at::ScalarType dtype, int64_t row_groups, int64_t depth) {
+                              at::ScalarType dtype, int64_t row_groups, int64_t depth, int64_t slab) {
   const char* op = "ternop.linear_cuda_mma_a8";
   check_row_groups(op, row_groups);
   check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_a8_takes_depth(static_cast<int>(depth)),
               "2 or 4");
+  TORCH_CHECK(slab >= 0 && slab <= 32 && ternop::ternary_mma_a8_takes_slab(static_cast<int>(slab)), op,
+              ": slab must be 0 (one CTA takes all of M), 8, 16 or 32; got ", slab);
   const bool row = row_scaled(weight_scale, q.dim() == 2 ? q.size(1) : 0);  // run_on_q checks q's shape
-  return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype, ternop::ternary_mma_a8_max_m(row),
+  return run_on_q(op, q, qs, weight_packed, weight_scale, bias, dtype,
+                  ternop::ternary_mma_a8_max_m(row, static_cast<int>(slab)),
                   [&](int code, const void* b, void* out, int M, int N, int K) {
                     return ternop::launch_ternary_mma_a8(q.data_ptr<int8_t>(), qs.data_ptr<float>(), code,
                                                          weight_packed.data_ptr<uint8_t>(),
                                                          reinterpret_cast<const __half*>(weight_scale.data_ptr()),
                                                          row, b, out, M, N, K,
                                                          static_cast<int>(row_groups), static_cast<int>(depth),
-                                                         sms_of(q), stream_of(q));
+                                                         static_cast<int>(slab), sms_of(q), stream_of(q));
                   });
 }
 

@@ -143,6 +143,10 @@ cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// The most token slabs a small-M launch runs (launch_ternary_mma's and launch_ternary_mma_a8's `slab`):
+// one per CTA along the grid's y, whose largest extent is 65535.
+constexpr int kMaxSlabs = 65535;
+
 // 1 <= M <= max_m, N >= 1, K a positive multiple of 128 (one scale block).
 inline bool valid_shape(int M, int max_m, int N, int K) {
   return M >= 1 && M <= max_m && N >= 1 && K >= 128 && K % 128 == 0;

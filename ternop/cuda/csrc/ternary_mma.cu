@@ -1,5 +1,6 @@
 // Small-M ternary linear on tensor cores: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]),
-// 1 <= M <= 16, x fp16 or bf16, weights in format v1 or in the "a16" layout (ternop/layouts.py).
+// 1 <= M <= 16, x fp16 or bf16, weights in format v1 or in the "a16" layout (ternop/layouts.py);
+// larger M as token slabs of 8 or 16 along the grid's y (a16 weights; launch_ternary_mma's `slab`).
 //
 // Like ternary_gemv.cu this file holds only CUDA code (no torch headers) so that nvcc can
 // compile it alone in CI; linear_cuda.cpp calls launch_ternary_mma().
@@ -244,7 +245,10 @@ __host__ __device__ constexpr size_t ring_bytes(int warps_per_cta, int D, int M)
 // Where the kernel reads x from.
 enum XSource : int { kXGlobal = 0, kXShared = 1, kXRing = 2 };
 
-template <typename T, int NT, bool kA16, int D, int kX = kXGlobal>
+// kSlabs: the launch runs token slabs along the grid's y (launch_ternary_mma's `slab`); each CTA
+// takes the 8 * NT tokens of its slab as a launch of those rows alone would. A template flag, so
+// that the kernels of one-slab launches keep x, out and M in their parameter space.
+template <typename T, int NT, bool kA16, int D, int kX = kXGlobal, bool kSlabs = false>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_mma_kernel(
     const T* __restrict__ x, const uint8_t* __restrict__ wp, const __half* __restrict__ ws,
     const T* __restrict__ bias, T* __restrict__ out, int M, int N, int K, int warps_log2) {
@@ -253,6 +257,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
   constexpr bool kSmemX = kX == kXShared, kRing = kX == kXRing;
   static_assert(!kSmemX || (kA16 && NT == 1), "x in shared memory: the one-tile a16 kernel only");
   static_assert(!kRing || (kA16 && NT == 2), "the x ring: the two-tile a16 kernel only");
+  static_assert(!kSlabs || (kA16 && D == kDepth), "token slabs: the a16 kernels at the default depth only");
+  if constexpr (kSlabs) {
+    const int m0 = static_cast<int>(blockIdx.y) * 8 * NT;
+    x += static_cast<size_t>(m0) * K;
+    out += static_cast<size_t>(m0) * N;
+    M = min(8 * NT, M - m0);
+  }
 
   // 2^warps_log2 warps (warps_k of the split) per set of 16 rows; blockDim.x / 32 / warps sets.
   const int warps = 1 << warps_log2;
@@ -440,27 +451,32 @@ inline bool takes_x_ring(int M, int N, int K) {
   return M > 8 && !(N <= K && static_cast<int64_t>(N) * K >= (int64_t{1} << 24));
 }
 
-template <typename T, bool kA16>
+// One launch of the kernel form for Mk tokens a CTA (Mk = M, or a slab's tokens when kSlabs) over
+// ceil(M / Mk) slabs along the grid's y.
+template <typename T, bool kA16, bool kSlabs>
 cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
-                     int K, SmallMSplit split, bool deep, cudaStream_t stream) {
+                     int K, int Mk, SmallMSplit split, bool deep, cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
+  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups), (M + Mk - 1) / Mk);
   const dim3 block(32 * split.groups * split.warps_k);
   const int wl = split.warps_log2;
   if constexpr (kA16) {
-    const size_t xs_bytes = static_cast<size_t>(M) * xs_stride(K) * sizeof(uint4);
-    if (M <= 8 && split.groups >= 2 && xs_bytes <= kMaxXSmemBytes) {  // x in shared memory
-      if (deep)
-        ternary_mma_kernel<T, 1, true, kDeepDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
-      else
-        ternary_mma_kernel<T, 1, true, kDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+    const size_t xs_bytes = static_cast<size_t>(Mk) * xs_stride(K) * sizeof(uint4);
+    if (Mk <= 8 && split.groups >= 2 && xs_bytes <= kMaxXSmemBytes) {  // x in shared memory
+      if constexpr (!kSlabs) {
+        if (deep) {
+          ternary_mma_kernel<T, 1, true, kDeepDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+          return cudaGetLastError();
+        }
+      }
+      ternary_mma_kernel<T, 1, true, kDepth, kXShared, kSlabs><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
       return cudaGetLastError();
     }
-    if (!deep && takes_x_ring(M, N, K)) {
-      auto kernel = ternary_mma_kernel<T, 2, true, kDepth, kXRing>;
-      const size_t bytes = ring_bytes(static_cast<int>(block.x / 32), kDepth, M);
+    if (!deep && takes_x_ring(Mk, N, K)) {
+      auto kernel = ternary_mma_kernel<T, 2, true, kDepth, kXRing, kSlabs>;
+      const size_t bytes = ring_bytes(static_cast<int>(block.x / 32), kDepth, Mk);
       // Past the 48 KB a launch may take unasked; set on every launch (cheap, and per device).
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
       if (err != cudaSuccess) return err;
@@ -469,25 +485,31 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
     }
   }
   if (deep) {
-    if constexpr (!kA16) {
-      return cudaErrorInvalidValue;  // no v1 kernel at kDeepDepth; ternary_mma_takes_depth refuses it first
-    } else if (M <= 8) {
+    if constexpr (!kA16 || kSlabs) {
+      return cudaErrorInvalidValue;  // no v1 or slab kernel at kDeepDepth; launch_ternary_mma refuses them first
+    } else if (Mk <= 8) {
       ternary_mma_kernel<T, 1, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
     } else {
       ternary_mma_kernel<T, 2, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
     }
-  } else if (M <= 8) {
-    ternary_mma_kernel<T, 1, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+  } else if (Mk <= 8) {
+    ternary_mma_kernel<T, 1, kA16, kDepth, kXGlobal, kSlabs><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
   } else {
-    ternary_mma_kernel<T, 2, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
+    ternary_mma_kernel<T, 2, kA16, kDepth, kXGlobal, kSlabs><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
   }
   return cudaGetLastError();
 }
 
 }  // namespace
 
-// Largest M the kernel takes (two n8 tiles).
-int ternary_mma_max_m() { return 16; }
+// Largest M the kernel takes: two n8 tiles, or over slabs as many slabs as a grid's y holds.
+int ternary_mma_max_m(int slab) { return slab > 0 ? kMaxSlabs * slab : 16; }
+
+// Whether launch_ternary_mma takes `slab` (tokens a CTA): 0 (one CTA takes all of M), or one or
+// two n8 tiles with a16 weights at the default depth.
+bool ternary_mma_takes_slab(bool a16, int depth, int slab) {
+  return slab == 0 || ((slab == 8 || slab == 16) && a16 && (depth <= 0 || depth == kDepth));
+}
 
 // Whether launch_ternary_mma takes `depth` in the given layout.
 bool ternary_mma_takes_depth(bool a16, int depth) {
@@ -496,21 +518,27 @@ bool ternary_mma_takes_depth(bool a16, int depth) {
 
 // x: [M, K] row-major, dtype kFloat16 or kBFloat16; wp: uint8 [N, K/4] in format v1
 // (a16 = false) or the a16 layout (a16 = true); ws: fp16 [N, K/128]; bias: [N] in x's dtype or
-// nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128, 1 <= M <= 16,
-// N < 2^31 / 16. row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the
-// kernel's choice from the layer and `sms`, the device's multiprocessor count. depth: scale
-// blocks of weight loads in flight per warp, kDepth (or <= 0, the kernel's choice: kDepth) or
-// kDeepDepth, which takes only a16 weights (ternary_mma_takes_depth).
+// nullptr; out: [M, N]. x and wp must be 16-byte aligned, K a multiple of 128,
+// 1 <= M <= ternary_mma_max_m(slab), N < 2^31 / 16. row_groups: sets of 16 rows per CTA (1, 2, 4
+// or 8), or <= 0 for the kernel's choice from the layer and `sms`, the device's multiprocessor
+// count. depth: scale blocks of weight loads in flight per warp, kDepth (or <= 0, the kernel's
+// choice: kDepth) or kDeepDepth, which takes only a16 weights (ternary_mma_takes_depth). slab: 0,
+// or 8 or 16 tokens a CTA (ternary_mma_takes_slab), the grid's y running ceil(M / slab) slabs
+// (where M > slab), each CTA what a launch of its slab's rows alone would run: the same bits.
 cudaError_t launch_ternary_mma(const void* x, int dtype, const uint8_t* wp, const __half* ws, const void* bias,
-                               void* out, int M, int N, int K, bool a16, int row_groups, int depth, int sms,
-                               cudaStream_t stream) {
-  if (!valid_shape(M, ternary_mma_max_m(), N, K) || row_groups > kMaxWarps || !ternary_mma_takes_depth(a16, depth))
+                               void* out, int M, int N, int K, bool a16, int row_groups, int depth, int slab,
+                               int sms, cudaStream_t stream) {
+  if (!valid_shape(M, ternary_mma_max_m(slab), N, K) || row_groups > kMaxWarps ||
+      !ternary_mma_takes_depth(a16, depth) || !ternary_mma_takes_slab(a16, depth, slab))
     return cudaErrorInvalidValue;
   const SmallMSplit split = small_m_split(N, K, sms, row_groups, kMaxWarps);
   const bool deep = depth == kDeepDepth;
+  const bool slabs = slab > 0 && M > slab;
   return dispatch_dtype</*kWithFp32=*/false>(dtype, [&](auto tag) {
-    return a16 ? launch_t<decltype(tag), true>(x, wp, ws, bias, out, M, N, K, split, deep, stream)
-               : launch_t<decltype(tag), false>(x, wp, ws, bias, out, M, N, K, split, deep, stream);
+    using T = decltype(tag);
+    if (slabs) return launch_t<T, true, true>(x, wp, ws, bias, out, M, N, K, slab, split, false, stream);
+    return a16 ? launch_t<T, true, false>(x, wp, ws, bias, out, M, N, K, M, split, deep, stream)
+               : launch_t<T, false, false>(x, wp, ws, bias, out, M, N, K, M, split, deep, stream);
   });
 }
 

@@ -1,4 +1,5 @@
-// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 32 (64 with row scales), weights in
+// Small-M W2A8 ternary linear on int8 tensor cores: 1 <= M <= 32 (64 with row scales; larger M as
+// token slabs of 8, 16 or 32 along the grid's y, launch_ternary_mma_a8's `slab`), weights in
 // the "a8" layout.
 //
 //   out[m, n] = s_x[m] * sum_b P[m, n, b] * scale[n, b] (+ bias[n]),
@@ -42,7 +43,7 @@
 namespace ternop {
 
 bool ternary_mma_a8_takes_depth(int depth);
-int ternary_mma_a8_max_m(bool row);
+int ternary_mma_a8_max_m(bool row, int slab);
 
 namespace {
 
@@ -262,10 +263,13 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
   wait_for_prior_grids();
   if constexpr (kFused) quantize_rows_shared<T>(x, M, K, xq_shared, qs_shared, scratch);
   const int8_t* const qbase = kFused ? xq_shared : q;
-  const int8_t* px[NT];  // token t * 8 + g, this lane's B column: 32 bytes per block
+  // A launch of token slabs (gridDim.y > 1, launch_ternary_mma_a8's `slab`) gives each CTA the
+  // 8 * NT tokens from m_base; a launch of one slab has m_base = 0.
+  const int m_base = static_cast<int>(blockIdx.y) * 8 * NT;
+  const int8_t* px[NT];  // token m_base + t * 8 + g, this lane's B column: 32 bytes per block
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const int m = t * 8 + g;
+    const int m = m_base + t * 8 + g;
     px[t] = qbase + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * qd;
   }
 
@@ -351,7 +355,7 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = r < 2 ? row0 : row1;
-      const int m = t * 8 + 2 * qd + (r & 1);
+      const int m = m_base + t * 8 + 2 * qd + (r & 1);
       if (n < N && m < M) {
         const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
         float sx;
@@ -370,21 +374,25 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
 template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
                         bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
-                        int sms, cudaStream_t stream) {
-  // M is checked by both entry points below (ternary_mma_a8_max_m(row), or the fused form's M <= 2).
+                        int slab, int sms, cudaStream_t stream) {
+  // M and slab are checked by both entry points below (ternary_mma_a8_max_m(row, slab), or the fused
+  // form's M <= 2 without slabs).
   if (row_groups > kMaxWarpsA8 || !ternary_mma_a8_takes_depth(depth)) return cudaErrorInvalidValue;
   const bool deep = depth == kDeepDepthA8;
+  // Token slabs: ceil(M / slab) CTAs along the grid's y, each the launch of its slab's Mk tokens.
+  const int Mk = slab > 0 && M > slab ? slab : M;
+  const int slabs = (M + Mk - 1) / Mk;
   int sets = row_groups;
   if (sets <= 0 && x != nullptr) {
     sets = min(small_m_split(N, K, sms, -1, kMaxWarpsA8).groups, kFusedMaxSets);
-  } else if (sets <= 0 && M <= 8) {
+  } else if (sets <= 0 && Mk <= 8) {
     sets = 1;
     while (2 * sets <= kMaxWarpsA8 && (N + 16 * sets - 1) / (16 * sets) > kOneTileCtasPerSm * sms) sets *= 2;
   }
   const SmallMSplit split = small_m_split(N, K, sms, sets, kMaxWarpsA8);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
+  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups), slabs);
   const dim3 block(32 * split.groups * split.warps_k);
   const int wk = split.warps_log2;
   const size_t xq_bytes = static_cast<size_t>(M) * K;
@@ -401,14 +409,14 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   // From q and qs the kernel may start before the quantization that writes them has finished
   // (programmatic dependent launch, ternary_common.cuh): its first weight loads then overlap the
   // end of that kernel instead of following it.
-  auto kernel = deep ? (M <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
-                        : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
-                        : M <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>
-                                  : ternary_mma_a8_kernel<T, 8, false, kDeepDepthA8>)
-                     : (M <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
-                        : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
-                        : M <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDepthA8>
-                                  : ternary_mma_a8_kernel<T, 8, false, kDepthA8>);
+  auto kernel = deep ? (Mk <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
+                        : Mk <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
+                        : Mk <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>
+                                   : ternary_mma_a8_kernel<T, 8, false, kDeepDepthA8>)
+                     : (Mk <= 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
+                        : Mk <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
+                        : Mk <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDepthA8>
+                                   : ternary_mma_a8_kernel<T, 8, false, kDepthA8>);
   const T* no_x = nullptr;
   return launch_early(kernel, grid, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
                       N, K, wk);
@@ -416,8 +424,13 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 
 }  // namespace
 
-// Largest M the kernel takes: four n8 tiles, or eight with row scales (`row`).
-int ternary_mma_a8_max_m(bool row) { return row ? 64 : 32; }
+// Whether the kernel takes `slab` (tokens a CTA, launch_ternary_mma_a8): 0 (one CTA takes all of M),
+// or one, two or four n8 tiles.
+bool ternary_mma_a8_takes_slab(int slab) { return slab == 0 || slab == 8 || slab == 16 || slab == 32; }
+
+// Largest M the kernel takes: four n8 tiles, or eight with row scales (`row`); over slabs, as many
+// slabs as a grid's y holds.
+int ternary_mma_a8_max_m(bool row, int slab) { return slab > 0 ? kMaxSlabs * slab : row ? 64 : 32; }
 
 // Whether the kernels take `depth` (scale blocks of weight loads in flight per warp): kDepthA8
 // (or <= 0, the kernel's choice: kDepthA8) or kDeepDepthA8.
@@ -429,16 +442,19 @@ bool ternary_mma_a8_takes_depth(int depth) {
 // layout, 16-byte aligned; ws: fp16 [N, K/128], or [N, 1] when `row` (a scale per row,
 // ternop/activations.py); bias: [N] in the output dtype or nullptr;
 // out: [M, N] of dtype out_dtype (kFloat16, kBFloat16 or kFloat32). K a multiple of 128,
-// 1 <= M <= ternary_mma_a8_max_m(row). row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the kernel's
-// choice from the layer and `sms`, the device's multiprocessor count; depth as
-// ternary_mma_a8_takes_depth says.
+// 1 <= M <= ternary_mma_a8_max_m(row, slab). row_groups: sets of 16 rows per CTA (1, 2, 4 or 8), or <= 0 for the
+// kernel's choice from the layer and `sms`, the device's multiprocessor count; depth as
+// ternary_mma_a8_takes_depth says. slab: 0, or 8, 16 or 32 tokens a CTA, the grid's y running
+// ceil(M / slab) slabs (where M > slab), each CTA what a launch of its slab's rows alone would run:
+// the same bits.
 cudaError_t launch_ternary_mma_a8(const int8_t* q, const float* qs, int out_dtype, const uint8_t* wp,
                                   const __half* ws, bool row, const void* bias, void* out, int M, int N, int K,
-                                  int row_groups, int depth, int sms, cudaStream_t stream) {
-  if (!valid_shape(M, ternary_mma_a8_max_m(row), N, K)) return cudaErrorInvalidValue;
+                                  int row_groups, int depth, int slab, int sms, cudaStream_t stream) {
+  if (!ternary_mma_a8_takes_slab(slab) || !valid_shape(M, ternary_mma_a8_max_m(row, slab), N, K))
+    return cudaErrorInvalidValue;
   return dispatch_dtype</*kWithFp32=*/true>(out_dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, row_groups, depth, sms, stream);
+    return launch_a8_t<T>(q, qs, nullptr, wp, ws, row, bias, out, M, N, K, row_groups, depth, slab, sms, stream);
   });
 }
 
@@ -456,7 +472,7 @@ cudaError_t launch_ternary_mma_a8_fused(const void* x, int x_dtype, const uint8_
   return dispatch_dtype</*kWithFp32=*/true>(x_dtype, [&](auto tag) {
     using T = decltype(tag);
     return launch_a8_t<T>(nullptr, nullptr, static_cast<const T*>(x), wp, ws, row, bias, out, M, N, K, row_groups,
-                          depth, sms, stream);
+                          depth, /*slab=*/0, sms, stream);
   });
 }
 
