@@ -185,10 +185,75 @@ def mma_a8_declines(m: int, n: int, k: int, row_scales: bool) -> str:
     return ""
 
 
+# Token slabs (Hopper; cuda_mma with a16 weights, cuda_mma_a8 with row scales): the small-M kernels run
+# M as ceil(M / slab) slabs of `slab` tokens along the grid's y, each CTA the kernel of one slab, so a
+# small layer's few CTA columns become several times as many CTAs and each keeps the registers of one
+# or two token tiles (the weights are decoded once a slab, from L2 after the first). Picked from forced
+# runs on one H100 (bench_linear.py --below-floors --backends cuda_mma or cuda_mma_a8, each slab size
+# switched on in a process of its own, the dispatcher of then timed beside it in each; results/h100/
+# exp_slabs_*_ea6f08d.json), on 1024->4096, 1024->6144, 2048->1024, 3072->1024 and 4096->4096 at
+# M = 24, 32, 33, 48, 64 (and 96, 128 with int8), against cuBLAS bf16:
+# - 16-bit, slabs of 16 at M = 17..32 where N * K <= 2^22: 1024->4096 1.03x / 0.97x at M = 24 / 32
+#   (dispatcher 0.91x / 0.90x), 2048->1024 1.38x / 1.38x (1.07x / 1.07x), 3072->1024 1.67x / 1.67x
+#   (1.37x / 1.38x); on 1024->6144 (0.85x against 1.01x) and 4096->4096 (0.99x against 1.28x) slower.
+# - 16-bit, slabs of 8 at M = 33..48 on the narrow layers (N < K, N * K <= 2^22): 2048->1024 1.20x / 1.11x
+#   at M = 33 / 48 (dispatcher 0.89x / 0.95x; slabs of 16 1.26x / 1.03x), 3072->1024 1.39x / 1.26x
+#   (1.08x / 1.17x; slabs of 16 1.37x / 1.14x). At M = 64 only 2048->1024 gained, with slabs of 16
+#   (1.00x against 0.93x); on 3072->1024 both sizes lost (1.14x and 0.87x against 1.19x), and on the
+#   wider layers every size lost from M = 33.
+# - int8 row scales, slabs of 16 at M = 17..32 where N * K <= 2^23: 1.04-1.44x against the four-tile
+#   kernel's 0.92-1.24x (1024->6144 at M = 32: 1.20x against 1.10x); 4096->4096 1.23x against 1.69x.
+#   At M = 33..48 where N * K <= 2^22: 1024->4096 1.00x / 0.94x (0.79x / 0.73x); on 1024->6144
+#   the eight-tile kernel stays ahead (0.93x against 0.88x at M = 33). On the narrow layers up to
+#   M = 96: 2048->1024 1.10x / 1.03x / 0.93x at M = 33 / 64 / 96 (0.80x / 0.79x / 0.70x), 3072->1024
+#   1.38x / 1.26x / 1.04x (1.07x / 1.10x / 0.82x); at M = 128 slabs of 32 (0.81x, 0.91x against 0.74x,
+#   0.85x). On 1024->4096 at M = 64 slabs of 32 (0.83x against 0.66x; slabs of 16 0.65x); at 96 and
+#   128 it gained little or lost.
+# Other GPUs, block scales and the larger layers keep one CTA column over all of M.
+SLAB_A16_MAX_M = 64
+SLAB_A8_MAX_M = 128
+SLAB_MAX_NK = 1 << 22
+SLAB_NARROW_A16_64_MAX_NK = 1 << 21  # 2048->1024 gained at M = 64, 3072->1024 lost
+SLAB_A8_SHORT_MAX_NK = 1 << 23  # int8 M = 17..32: 1024->6144 gained too
+
+
+def mma_slab(m: int, n: int, k: int, device: torch.device) -> int:
+    """Tokens a CTA of cuda_mma over a16 weights (0: one CTA column takes all of M, M <= 16), where
+    the slabbed kernel was the fastest in its run (see above); 0 also where it does not take M."""
+    if m <= 16 or arch_key(device) != "sm90":
+        return 0
+    nk = n * k
+    if m <= 32:
+        return 16 if nk <= SLAB_MAX_NK else 0
+    if n >= k or nk > SLAB_MAX_NK:
+        return 0
+    if m <= 48:
+        return 8
+    return 16 if m <= 64 and nk <= SLAB_NARROW_A16_64_MAX_NK else 0
+
+
+def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
+    """Tokens a CTA of cuda_mma_a8 (0: one CTA column over all of M, the kernels of M <= 64), where
+    the slabbed kernel was the fastest in its run (see above)."""
+    if m <= 16 or not row_scales or arch_key(device) != "sm90":
+        return 0
+    nk = n * k
+    if m <= 32:
+        return 16 if nk <= SLAB_A8_SHORT_MAX_NK else 0
+    if nk > SLAB_MAX_NK:
+        return 0
+    if m <= 48:
+        return 16
+    if n < k:
+        return 16 if m <= 96 else 32 if m <= 128 else 0
+    return 32 if m <= 64 else 0
+
+
 SM90: Table = {
-    "cuda_mma": [(16, CudaMmaConfig())],
+    "cuda_mma": [(SLAB_A16_MAX_M, CudaMmaConfig())],  # M > 16 in token slabs only (mma_slab)
     "cuda_mma_a8_fused": [(2, CudaMmaConfig())],
-    "cuda_mma_a8": [(MMA_A8_ROW_MAX_M_SM90, CudaMmaConfig())],  # block scales: M <= 32 (registry)
+    # block scales: M <= 32 (registry); M > 64 in token slabs only (mma_a8_slab)
+    "cuda_mma_a8": [(SLAB_A8_MAX_M, CudaMmaConfig())],
     "cuda_gemv": [(2, CudaGemvConfig())],
     "cuda_mma_tiles": [(64, CudaMmaConfig())],
     "cuda_wgmma": [(_BIG, CudaMmaConfig())],

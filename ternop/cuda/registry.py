@@ -5,8 +5,8 @@ Order (lower priority first):
 | backend | what | activations | layouts |
 |---|---|---|---|
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
-| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``) | fp16/bf16 | v1, a16 |
-| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 (32 on Hopper, 64 there with row scales, less ``configs.mma_a8_declines``) | int8 (any float x) | a8 |
+| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``); on Hopper up to M = 64 in token slabs on the small layers (``configs.mma_slab``) | fp16/bf16 | v1, a16 (slabs: a16) |
+| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 (32 on Hopper, 64 there with row scales, less ``configs.mma_a8_declines``); on Hopper with row scales up to M = 128 in token slabs on the small layers (``configs.mma_a8_slab``) | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_dequant_a8`` | C++ decoding to a dense int8 weight (``ternop::decode_int8_cuda``), then ``dequant_a8``'s int8 Triton GEMM; wherever ``dequant_a8``'s rules let it run, one Python launch fewer | int8 (any float x) | all |
@@ -400,12 +400,23 @@ def _half_x(call: backends.LinearCall) -> str:
     return why
 
 
+def _cuda_mma_slab(call: backends.LinearCall) -> int:
+    """The tokens a CTA of cuda_mma takes for this call: 0 (one CTA column, M <= CUDA_MMA_MAX_M), or
+    the slab of configs.mma_slab; forced past M = CUDA_MMA_MAX_M on a16 weights, 16."""
+    if call.m <= CUDA_MMA_MAX_M or call.layout != "a16":
+        return 0
+    slab = configs.mma_slab(call.m, call.n, call.k, call.x.device)
+    return slab or (16 if _forced("cuda_mma") else 0)
+
+
 def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
     why = _half_x(call)
     if why:
         return False, why
-    if call.m > CUDA_MMA_MAX_M:
-        return False, f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}"
+    if call.m > CUDA_MMA_MAX_M and not _cuda_mma_slab(call):
+        return False, (f"M={call.m} is above the kernel's M <= {CUDA_MMA_MAX_M}, and no token slabs were "
+                       f"measured faster on this layer (N={call.n}, K={call.k}, layout {call.layout}; "
+                       f"configs.mma_slab)")
     why = _mma_bucket("cuda_mma", call, "mma.sync m16n8k16")
     if why:
         return False, why
@@ -426,19 +437,31 @@ def _wgmma_takes_wide(call: backends.LinearCall) -> bool:
     return _can_cuda_wgmma(call)[0]
 
 
+def _cuda_mma_a8_slab(call: backends.LinearCall) -> int:
+    """The tokens a CTA of cuda_mma_a8 takes for this call: the slab of configs.mma_a8_slab, else 0 (one
+    CTA column over all of M); forced past the one-column kernels' M, 16."""
+    row_scales = call.weight_scale.shape[1] == 1
+    slab = configs.mma_a8_slab(call.m, call.n, call.k, row_scales, call.x.device)
+    if not slab and _forced("cuda_mma_a8") and call.m > (CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M):
+        slab = 16
+    return slab
+
+
 def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     why = _a8_only(call)
     if why:
         return False, why
     row_scales = call.weight_scale.shape[1] == 1
     max_m = CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M
-    if call.m > max_m:
+    slab = _cuda_mma_a8_slab(call)
+    if call.m > max_m and not slab:
         scales = "row" if row_scales else "block"
-        return False, f"M={call.m} is above the kernel's M <= {max_m} with {scales} scales"
+        return False, (f"M={call.m} is above the kernel's M <= {max_m} with {scales} scales, and no token "
+                       f"slabs were measured faster on this layer (N={call.n}, K={call.k}; configs.mma_a8_slab)")
     why = _mma_bucket("cuda_mma_a8", call, "mma.sync m16n8k32 s8")
     if why:
         return False, why
-    if not _forced("cuda_mma_a8"):
+    if not _forced("cuda_mma_a8") and not slab:
         why = configs.mma_a8_declines(call.m, call.n, call.k, row_scales)
         if why:
             return False, why
@@ -579,11 +602,11 @@ def _run_cuda_gemv(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_mma(*_contiguous(call), call.layout == "a16")
+    return torch.ops.ternop.linear_cuda_mma(*_contiguous(call), call.layout == "a16", slab=_cuda_mma_slab(call))
 
 
 def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.dtype)
+    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.dtype, slab=_cuda_mma_a8_slab(call))
 
 
 def _run_cuda_mma_a8_fused(call: backends.LinearCall) -> torch.Tensor:
