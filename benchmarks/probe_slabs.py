@@ -70,6 +70,11 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=_shape_list, default=SHAPES)
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
     args = parser.parse_args(argv)
+    from ternop.cuda import cuda_ext
+
+    ok, why = cuda_ext.load()  # the C++ ops' CUDA kernels (built on first use)
+    if not ok:
+        raise SystemExit(f"the CUDA extension did not load: {why}")
     results = []
     for k, n in args.shapes:
         for m in args.ms:
