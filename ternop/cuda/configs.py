@@ -207,8 +207,18 @@ def mma_a8_declines(m: int, n: int, k: int, row_scales: bool) -> str:
 #   the eight-tile kernel stays ahead (0.93x against 0.88x at M = 33). On the narrow layers up to
 #   M = 96: 2048->1024 1.10x / 1.03x / 0.93x at M = 33 / 64 / 96 (0.80x / 0.79x / 0.70x), 3072->1024
 #   1.38x / 1.26x / 1.04x (1.07x / 1.10x / 0.82x); at M = 128 slabs of 32 (0.81x, 0.91x against 0.74x,
-#   0.85x). On 1024->4096 at M = 64 slabs of 32 (0.83x against 0.66x; slabs of 16 0.65x); at 96 and
-#   128 it gained little or lost.
+#   0.85x). On 1024->4096 at M = 64 slabs of 32 (0.83x against 0.66x; slabs of 16 0.65x); at M = 96
+#   slabs of 16 (0.61x against 0.56x), at 128 every size lost.
+# Then benchmarks/probe_slabs.py at 86dc310 (results/h100/probe_slabs_86dc310.json: both ops called
+# directly with every slab size, the int8 rows quantized beforehand) timed the M the runs above left out:
+# - M = 9..16, slabs of 8 against one column: 16-bit on the narrow layers 1.61-1.65x against
+#   1.44-1.50x (2048->1024) and 1.83-1.87x against 1.62-1.72x (3072->1024), slower on the others (1024->4096
+#   1.26-1.36x against 1.30-1.42x); int8 on the layers with N * K <= 2^22 5-11% faster (1024->4096 1.56-1.62x
+#   against 1.49-1.52x), on 1024->6144 2-4% slower, on 4096->4096 15-18% slower.
+# - int8 at M = 65..96 on 1024->4096: slabs of 16 0.69-0.77x against 0.60-0.70x for slabs of 32
+#   (the forced run above: 0.61x at M = 96 against the dispatcher's 0.56x, with the quantization).
+# - 16-bit at M = 65..128: no slab size reached the dispatcher's kernels on any layer (on 2048->1024 at
+#   most 0.81x, where the dispatcher ran 0.79-0.85x at M = 80..128 in bench_linear_slabs_7046454.json).
 # Other GPUs, block scales and the larger layers keep one CTA column over all of M.
 SLAB_A16_MAX_M = 64
 SLAB_A8_MAX_M = 128
@@ -220,9 +230,11 @@ SLAB_A8_SHORT_MAX_NK = 1 << 23  # int8 M = 17..32: 1024->6144 gained too
 def mma_slab(m: int, n: int, k: int, device: torch.device) -> int:
     """Tokens a CTA of cuda_mma over a16 weights (0: one CTA column takes all of M, M <= 16), where
     the slabbed kernel was the fastest in its run (see above); 0 also where it does not take M."""
-    if m <= 16 or arch_key(device) != "sm90":
+    if m <= 8 or arch_key(device) != "sm90":
         return 0
     nk = n * k
+    if m <= 16:
+        return 8 if n < k and nk <= SLAB_MAX_NK else 0
     if m <= 32:
         return 16 if nk <= SLAB_MAX_NK else 0
     if n >= k or nk > SLAB_MAX_NK:
@@ -235,9 +247,11 @@ def mma_slab(m: int, n: int, k: int, device: torch.device) -> int:
 def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
     """Tokens a CTA of cuda_mma_a8 (0: one CTA column over all of M, the kernels of M <= 64), where
     the slabbed kernel was the fastest in its run (see above)."""
-    if m <= 16 or not row_scales or arch_key(device) != "sm90":
+    if m <= 8 or not row_scales or arch_key(device) != "sm90":
         return 0
     nk = n * k
+    if m <= 16:
+        return 8 if nk <= SLAB_MAX_NK else 0
     if m <= 32:
         return 16 if nk <= SLAB_A8_SHORT_MAX_NK else 0
     if nk > SLAB_MAX_NK:
@@ -246,7 +260,7 @@ def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) 
         return 16
     if n < k:
         return 16 if m <= 96 else 32 if m <= 128 else 0
-    return 32 if m <= 64 else 0
+    return 32 if m <= 64 else 16 if m <= 96 else 0
 
 
 SM90: Table = {

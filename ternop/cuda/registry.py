@@ -5,8 +5,8 @@ Order (lower priority first):
 | backend | what | activations | layouts |
 |---|---|---|---|
 | ``cuda_mma_a8_fused`` | CUDA C++ ``mma.sync`` s8, quantizing x inside the kernel, M <= 2 | int8 (any float x) | a8 |
-| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``); on Hopper up to M = 64 in token slabs on the small layers (``configs.mma_slab``) | fp16/bf16 | v1, a16 (slabs: a16) |
-| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 (32 on Hopper, 64 there with row scales, less ``configs.mma_a8_declines``); on Hopper with row scales up to M = 128 in token slabs on the small layers (``configs.mma_a8_slab``) | int8 (any float x) | a8 |
+| ``cuda_mma`` | CUDA C++ ``mma.sync``, M <= 16 (M = 9..16 of the widest layers go to ``cuda_wgmma``); on Hopper, on the small layers, token slabs from M = 9 up to M = 64 (``configs.mma_slab``) | fp16/bf16 | v1, a16 (slabs: a16) |
+| ``cuda_mma_a8`` | CUDA C++ ``mma.sync`` s8 (+ per-token quantization), M <= 16 (32 on Hopper, 64 there with row scales, less ``configs.mma_a8_declines``); on Hopper with row scales, on the small layers, token slabs from M = 9 up to M = 128 (``configs.mma_a8_slab``) | int8 (any float x) | a8 |
 | ``cuda_wgmma`` | CUDA C++ Hopper ``wgmma`` (sm_90a), weights decoded in registers, M from its floor up (where ``configs.wgmma_declines`` finds it faster, and above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A16_MAX_MNK``) | fp16/bf16 | a16 |
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_dequant_a8`` | C++ decoding to a dense int8 weight (``ternop::decode_int8_cuda``), then ``dequant_a8``'s int8 Triton GEMM; wherever ``dequant_a8``'s rules let it run, one Python launch fewer | int8 (any float x) | all |
@@ -401,12 +401,12 @@ def _half_x(call: backends.LinearCall) -> str:
 
 
 def _cuda_mma_slab(call: backends.LinearCall) -> int:
-    """The tokens a CTA of cuda_mma takes for this call: 0 (one CTA column, M <= CUDA_MMA_MAX_M), or
-    the slab of configs.mma_slab; forced past M = CUDA_MMA_MAX_M on a16 weights, 16."""
-    if call.m <= CUDA_MMA_MAX_M or call.layout != "a16":
+    """The tokens a CTA of cuda_mma takes for this call: the slab of configs.mma_slab (a16 weights), else
+    0 (one CTA column over all of M, M <= CUDA_MMA_MAX_M); forced past that M on a16 weights, 16."""
+    if call.layout != "a16":
         return 0
     slab = configs.mma_slab(call.m, call.n, call.k, call.x.device)
-    return slab or (16 if _forced("cuda_mma") else 0)
+    return slab or (16 if call.m > CUDA_MMA_MAX_M and _forced("cuda_mma") else 0)
 
 
 def _can_cuda_mma(call: backends.LinearCall) -> tuple[bool, str]:
