@@ -55,6 +55,8 @@ CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
 CUDA_MMA_A8_MAX_M = 32
 CUDA_MMA_A8_ROW_MAX_M = 64
+if os.environ.get("TERNOP_A8_SLAB", "") in ("8", "16", "32"):  # experiment: token slabs up to M = 128
+    CUDA_MMA_A8_MAX_M = CUDA_MMA_A8_ROW_MAX_M = 128
 # The fused quantization of ternary_mma_a8.cu keeps x's int8 rows in shared memory.
 CUDA_MMA_A8_FUSED_MAX_M = 2
 CUDA_MMA_A8_FUSED_MAX_BYTES = 40 * 1024

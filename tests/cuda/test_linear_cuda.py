@@ -771,6 +771,32 @@ def test_mma_a8_eight_tiles_take_row_scales_to_m_64(row_groups, depth):
         torch.ops.ternop.linear_cuda_mma_a8(q65, qs65, packed, row, bias, x.dtype, row_groups, depth)
 
 
+@pytest.mark.parametrize("slab", [8, 16, 32])
+@pytest.mark.parametrize("row_groups", [-1, 1, 8])
+def test_mma_a8_token_slabs_equal_the_reference(monkeypatch, slab, row_groups):
+    """Experiment (TERNOP_A8_SLAB): M above the slab runs as ceil(M / slab) slabs of one, two or
+    four tiles along the grid's y, up to M = 128: with row scales bit for bit the CPU reference,
+    with block scales within the W2A8 tolerance of the fp64 spec (test_linear_cuda_a8_against_the_spec)."""
+    from ternop.activations import quantize_rows
+
+    for m, k, n in [(slab + 1, 384, 200), (40, 2176, 264), (64, 4096, 520), (100, 1024, 1160), (128, 2048, 136)]:
+        v1, scale = _weights(n, k)
+        packed, row = layouts.repack(v1, "a8"), _row_scale(n)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma_a8", x[:16], packed, row, bits=8, layout="a8")
+        q, qs = quantize_rows(x)
+        monkeypatch.setenv("TERNOP_A8_SLAB", str(slab))
+        y_row = torch.ops.ternop.linear_cuda_mma_a8(q, qs, packed, row, bias, x.dtype, row_groups, 2)
+        y_block = torch.ops.ternop.linear_cuda_mma_a8(q, qs, packed, scale, bias, x.dtype, row_groups, 2)
+        monkeypatch.delenv("TERNOP_A8_SLAB")
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        bad = (y_row.cpu() != want).nonzero()
+        assert bad.numel() == 0, (m, k, n, len(bad), bad[:4].tolist())
+        ref = linear_a8_fp64(x, packed, scale, bias, "a8")
+        assert _rel_err(y_block, ref) <= 8e-3, (m, k, n, _rel_err(y_block, ref))
+
+
 @pytest.mark.parametrize("name", [None, "triton_a8", "dequant_a8", "cuda_dequant_a8", *A8_CPP])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_linear_cuda_a8_row_scales_equal_the_reference_bit_for_bit(monkeypatch, name, dtype):

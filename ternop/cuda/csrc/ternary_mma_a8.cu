@@ -262,10 +262,12 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
   wait_for_prior_grids();
   if constexpr (kFused) quantize_rows_shared<T>(x, M, K, xq_shared, qs_shared, scratch);
   const int8_t* const qbase = kFused ? xq_shared : q;
-  const int8_t* px[NT];  // token t * 8 + g, this lane's B column: 32 bytes per block
+  // A launch of several token slabs (gridDim.y > 1) gives each CTA 8 * NT tokens from m_base.
+  const int m_base = static_cast<int>(blockIdx.y) * 8 * NT;
+  const int8_t* px[NT];  // token m_base + t * 8 + g, this lane's B column: 32 bytes per block
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const int m = t * 8 + g;
+    const int m = m_base + t * 8 + g;
     px[t] = qbase + static_cast<size_t>(m < M ? m : 0) * K + b_begin * 128 + 32 * qd;
   }
 
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = r < 2 ? row0 : row1;
-      const int m = t * 8 + 2 * qd + (r & 1);
+      const int m = m_base + t * 8 + 2 * qd + (r & 1);
       if (n < N && m < M) {
         const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
         float sx;
@@ -365,6 +367,15 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
         out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(a, sx), bv));
       }
     }
+}
+
+// Experiment: TERNOP_A8_SLAB=8, 16 or 32 runs M above it as slabs of that many tokens, one
+// kernel of one, two or four tiles over a grid of ceil(M / slab) slabs along y, up to M = 128
+// with either kind of scales. 0 where it is unset (the kernels as dispatched).
+int a8_slab() {
+  const char* v = std::getenv("TERNOP_A8_SLAB");
+  const int slab = v != nullptr ? std::atoi(v) : 0;
+  return slab == 8 || slab == 16 || slab == 32 ? slab : 0;
 }
 
 template <typename T>
@@ -410,6 +421,19 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
                         : M <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDepthA8>
                                   : ternary_mma_a8_kernel<T, 8, false, kDepthA8>);
   const T* no_x = nullptr;
+  if (const int slab = a8_slab(); slab > 0 && M > slab) {
+    {
+      const dim3 slabs(grid.x, (M + slab - 1) / slab);
+      auto sk = deep ? (slab == 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
+                        : slab == 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
+                                     : ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>)
+                     : (slab == 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
+                        : slab == 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
+                                     : ternary_mma_a8_kernel<T, 4, false, kDepthA8>);
+      return launch_early(sk, slabs, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
+                          N, K, wk);
+    }
+  }
   return launch_early(kernel, grid, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
                       N, K, wk);
 }
@@ -417,7 +441,7 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
 }  // namespace
 
 // Largest M the kernel takes: four n8 tiles, or eight with row scales (`row`).
-int ternary_mma_a8_max_m(bool row) { return row ? 64 : 32; }
+int ternary_mma_a8_max_m(bool row) { return a8_slab() > 0 ? 128 : row ? 64 : 32; }
 
 // Whether the kernels take `depth` (scale blocks of weight loads in flight per warp): kDepthA8
 // (or <= 0, the kernel's choice: kDepthA8) or kDeepDepthA8.
