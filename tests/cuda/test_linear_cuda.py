@@ -746,13 +746,15 @@ def _row_scale(n):
 
 @pytest.mark.parametrize("depth", [2, 4])
 @pytest.mark.parametrize("row_groups", [-1, 1, 2, 8])
-def test_mma_a8_eight_tiles_take_row_scales_to_m_64(row_groups, depth):
+@pytest.mark.parametrize("chain", ["0", "1"])
+def test_mma_a8_eight_tiles_take_row_scales_to_m_64(monkeypatch, row_groups, depth, chain):
     """Eight token tiles (M = 33..64) sum their int32 partials over all of K and take row scales
     only: equal to the CPU reference bit for bit at every set count and both depths, with K from 3
     to 112 blocks (warps with one block, and counts that are not multiples of the depth) and N
     ragged against 16 rows a set. Block scales past M = 32 are refused, and so is M = 65."""
     from ternop.activations import quantize_rows
 
+    monkeypatch.setenv("TERNOP_A8_CHAIN", chain)  # experiment: the chained loads, two CTAs an SM
     for m, k, n in [(33, 384, 200), (40, 2176, 264), (57, 14336, 136), (64, 4096, 520), (64, 1024, 1160)]:
         v1, scale = _weights(n, k)
         packed, row = layouts.repack(v1, "a8"), _row_scale(n)

@@ -197,14 +197,17 @@ __device__ __forceinline__ void mma_word_a8(uint32_t w_g, uint32_t w_g8, uint32_
 // longer K the other int8 kernels were faster.
 // kFused: x [M, K] (type T) instead of q and qs, quantized by the CTA into dynamic shared memory.
 // D: scale blocks of weight loads in flight per warp.
-template <typename T, int NT, bool kFused, int D>
-__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 : 4) : NT == 8 ? 1 : 2) ternary_mma_a8_kernel(
+// kChain (eight tiles only, experiment): each tile's x load waits on an earlier tile's mma, so
+// that ptxas cannot load a block's x words for all tiles at once, and two CTAs fit an SM.
+template <typename T, int NT, bool kFused, int D, bool kChain = false>
+__global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 : 4) : NT == 8 && !kChain ? 1 : 2) ternary_mma_a8_kernel(
     const int8_t* __restrict__ q, const float* __restrict__ qs, const T* __restrict__ x,
     const uint8_t* __restrict__ wp, const __half* __restrict__ ws, bool row, const T* __restrict__ bias,
     T* __restrict__ out, int M, int N, int K, int warps_log2) {
   // Eight tiles (row scales only, never fused): C runs on over all of K in int32.
   constexpr bool kIntAcc = NT == 8;
   static_assert(!(kIntAcc && kFused), "the fused quantization takes M <= 2");
+  static_assert(!kChain || kIntAcc, "the chained loads are the eight-tile form's");
   __shared__ float red[kMaxWarpsA8 - 1][NT * 4][32];
   extern __shared__ __align__(16) int8_t xq_shared[];  // kFused: the quantized rows, [M, K]
   __shared__ float qs_shared[kFusedMaxM];
@@ -231,6 +234,7 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
   const __half* ps0 = ws + (row ? 0 : static_cast<size_t>(row0 < N ? row0 : 0) * blocks + b_begin);
   const __half* ps1 = ws + (row ? 0 : static_cast<size_t>(row1 < N ? row1 : 0) * blocks + b_begin);
   const uint32_t table = kTable;
+  const int zero = M >> 30;  // 0 (M < 2^30), opaque to ptxas: kChain's dependence
 
   float acc[NT][4];
 #pragma unroll
@@ -282,10 +286,22 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
           wbuf[u][1] = load_stream8_a8(pw1 + 32 * (u + D));
         }
         // Bytes 16H..16H+15 of the lane's 32 of this block.
-        mma_word_a8<NT>(wa.x, wb.x, table, [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u)); },
-                        cacc);
-        mma_word_a8<NT>(wa.y, wb.y, table,
-                        [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u) + 1); }, cacc);
+        if constexpr (kChain) {
+          // chain & zero is 0, but ptxas cannot know it: tile t's load follows tile t - 2's mma
+          // (for tiles 0 and 1, the previous word's tiles 6 and 7).
+          auto after = [&](int t) { return (t >= 2 ? cacc[t - 2][0] : cacc[t + 6][0]) & zero; };
+          mma_word_a8<NT>(wa.x, wb.x, table,
+                          [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u + after(t))); },
+                          cacc);
+          mma_word_a8<NT>(wa.y, wb.y, table,
+                          [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u + after(t)) + 1); },
+                          cacc);
+        } else {
+          mma_word_a8<NT>(wa.x, wb.x, table,
+                          [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u)); }, cacc);
+          mma_word_a8<NT>(wa.y, wb.y, table,
+                          [&](int t) { return __ldg(reinterpret_cast<const uint4*>(px[t] + 128 * u) + 1); }, cacc);
+        }
         continue;
       }
       const float sa = __half2float(sbuf[u][0]), sb = __half2float(sbuf[u][1]);
@@ -378,6 +394,13 @@ int a8_slab() {
   return slab == 8 || slab == 16 || slab == 32 ? slab : 0;
 }
 
+// Experiment: TERNOP_A8_CHAIN=1 runs M = 33..64 on the eight-tile form with chained x loads
+// (kChain), two CTAs an SM.
+bool a8_chain() {
+  const char* v = std::getenv("TERNOP_A8_CHAIN");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 template <typename T>
 cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint8_t* wp, const __half* ws,
                         bool row, const void* bias, void* out, int M, int N, int K, int row_groups, int depth,
@@ -420,6 +443,10 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
                         : M <= 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
                         : M <= 32 ? ternary_mma_a8_kernel<T, 4, false, kDepthA8>
                                   : ternary_mma_a8_kernel<T, 8, false, kDepthA8>);
+  if (M > 32 && a8_chain()) {
+    kernel = deep ? ternary_mma_a8_kernel<T, 8, false, kDeepDepthA8, true>
+                  : ternary_mma_a8_kernel<T, 8, false, kDepthA8, true>;
+  }
   const T* no_x = nullptr;
   if (const int slab = a8_slab(); slab > 0 && M > slab) {
     {
