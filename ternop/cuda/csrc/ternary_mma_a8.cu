@@ -449,17 +449,15 @@ cudaError_t launch_a8_t(const int8_t* q, const float* qs, const T* x, const uint
   }
   const T* no_x = nullptr;
   if (const int slab = a8_slab(); slab > 0 && M > slab) {
-    {
-      const dim3 slabs(grid.x, (M + slab - 1) / slab);
-      auto sk = deep ? (slab == 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
-                        : slab == 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
-                                     : ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>)
-                     : (slab == 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
-                        : slab == 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
-                                     : ternary_mma_a8_kernel<T, 4, false, kDepthA8>);
-      return launch_early(sk, slabs, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
-                          N, K, wk);
-    }
+    const dim3 slabs(grid.x, (M + slab - 1) / slab);
+    auto sk = deep ? (slab == 8    ? ternary_mma_a8_kernel<T, 1, false, kDeepDepthA8>
+                      : slab == 16 ? ternary_mma_a8_kernel<T, 2, false, kDeepDepthA8>
+                                   : ternary_mma_a8_kernel<T, 4, false, kDeepDepthA8>)
+                   : (slab == 8    ? ternary_mma_a8_kernel<T, 1, false, kDepthA8>
+                      : slab == 16 ? ternary_mma_a8_kernel<T, 2, false, kDepthA8>
+                                   : ternary_mma_a8_kernel<T, 4, false, kDepthA8>);
+    return launch_early(sk, slabs, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
+                        N, K, wk);
   }
   return launch_early(kernel, grid, block, 0, stream, early_launch_allowed(), q, qs, no_x, wp, ws, row, bt, ot, M,
                       N, K, wk);
