@@ -53,6 +53,8 @@ _modules: dict[str, tuple[object, str]] = {}
 # mma.sync m16n8k16 and m16n8k32 s8 need sm_80.
 CUDA_GEMV_MAX_M = 8
 CUDA_MMA_MAX_M = 16
+if os.environ.get("TERNOP_A16_SLAB", "") in ("8", "16"):  # experiment: token slabs up to M = 64
+    CUDA_MMA_MAX_M = 64
 CUDA_MMA_A8_MAX_M = 32
 CUDA_MMA_A8_ROW_MAX_M = 64
 if os.environ.get("TERNOP_A8_SLAB", "") in ("8", "16", "32"):  # experiment: token slabs up to M = 128

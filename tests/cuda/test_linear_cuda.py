@@ -773,6 +773,29 @@ def test_mma_a8_eight_tiles_take_row_scales_to_m_64(monkeypatch, row_groups, dep
         torch.ops.ternop.linear_cuda_mma_a8(q65, qs65, packed, row, bias, x.dtype, row_groups, depth)
 
 
+@pytest.mark.parametrize("slab", [8, 16])
+@pytest.mark.parametrize("row_groups", [-1, 1, 8])
+def test_mma_a16_token_slabs_keep_the_2x_rule(monkeypatch, slab, row_groups):
+    """Experiment (TERNOP_A16_SLAB): the 16-bit small-M kernel over ceil(M / slab) token slabs, up to
+    M = 64, both layouts: the 2x rule, and each full slab equal bit for bit to a launch of its rows
+    alone (a launch of fewer rows may take the other kernel form, whose sums round differently)."""
+    for m, k, n in [(slab + 1, 384, 200), (24, 2176, 264), (40, 4096, 520), (64, 1024, 1160), (64, 14336, 136)]:
+        v1, scale = _weights(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma", x[:16], v1, scale)
+        for layout in ("v1", "a16"):
+            packed = layouts.repack(v1, layout)
+            monkeypatch.setenv("TERNOP_A16_SLAB", str(slab))
+            y = torch.ops.ternop.linear_cuda_mma(x, packed, scale, bias, layout == "a16", row_groups)
+            monkeypatch.delenv("TERNOP_A16_SLAB")
+            _check(y, x, v1, scale, bias)
+            for m0 in range(0, m - slab + 1, slab):
+                one = torch.ops.ternop.linear_cuda_mma(x[m0:m0 + slab].contiguous(), packed, scale, bias,
+                                                       layout == "a16", row_groups)
+                assert torch.equal(y[m0:m0 + slab], one), (m, k, n, layout, m0)
+
+
 @pytest.mark.parametrize("slab", [8, 16, 32])
 @pytest.mark.parametrize("row_groups", [-1, 1, 8])
 def test_mma_a8_token_slabs_equal_the_reference(monkeypatch, slab, row_groups):

@@ -253,6 +253,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_ctas<NT, kA16>()) ternary_
   constexpr bool kSmemX = kX == kXShared, kRing = kX == kXRing;
   static_assert(!kSmemX || (kA16 && NT == 1), "x in shared memory: the one-tile a16 kernel only");
   static_assert(!kRing || (kA16 && NT == 2), "the x ring: the two-tile a16 kernel only");
+  if (gridDim.y > 1) {  // experiment (TERNOP_A16_SLAB): slab y of 8 * NT tokens, as a launch of its own
+    const int mb = static_cast<int>(blockIdx.y) * 8 * NT;
+    x += static_cast<size_t>(mb) * K;
+    out += static_cast<size_t>(mb) * N;
+    M = min(8 * NT, M - mb);
+  }
 
   // 2^warps_log2 warps (warps_k of the split) per set of 16 rows; blockDim.x / 32 / warps sets.
   const int warps = 1 << warps_log2;
@@ -440,27 +446,38 @@ inline bool takes_x_ring(int M, int N, int K) {
   return M > 8 && !(N <= K && static_cast<int64_t>(N) * K >= (int64_t{1} << 24));
 }
 
+// Experiment: TERNOP_A16_SLAB=8 or 16 runs M above it (up to 64) as slabs of that many tokens along
+// the grid's y, each CTA the one- or two-tile kernel on its own slab. 0 where it is unset.
+int a16_slab() {
+  const char* v = std::getenv("TERNOP_A16_SLAB");
+  const int slab = v != nullptr ? std::atoi(v) : 0;
+  return slab == 8 || slab == 16 ? slab : 0;
+}
+
 template <typename T, bool kA16>
 cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const void* bias, void* out, int M, int N,
                      int K, SmallMSplit split, bool deep, cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* ot = static_cast<T*>(out);
-  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups));
+  const int slab = a16_slab();
+  const int slabs = slab > 0 && M > slab ? (M + slab - 1) / slab : 1;
+  const int Mk = slabs > 1 ? slab : M;  // the tokens one CTA takes: what picks the kernel and sizes its x
+  const dim3 grid((N + 16 * split.groups - 1) / (16 * split.groups), slabs);
   const dim3 block(32 * split.groups * split.warps_k);
   const int wl = split.warps_log2;
   if constexpr (kA16) {
-    const size_t xs_bytes = static_cast<size_t>(M) * xs_stride(K) * sizeof(uint4);
-    if (M <= 8 && split.groups >= 2 && xs_bytes <= kMaxXSmemBytes) {  // x in shared memory
+    const size_t xs_bytes = static_cast<size_t>(Mk) * xs_stride(K) * sizeof(uint4);
+    if (Mk <= 8 && split.groups >= 2 && xs_bytes <= kMaxXSmemBytes) {  // x in shared memory
       if (deep)
         ternary_mma_kernel<T, 1, true, kDeepDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
       else
         ternary_mma_kernel<T, 1, true, kDepth, kXShared><<<grid, block, xs_bytes, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
       return cudaGetLastError();
     }
-    if (!deep && takes_x_ring(M, N, K)) {
+    if (!deep && takes_x_ring(Mk, N, K)) {
       auto kernel = ternary_mma_kernel<T, 2, true, kDepth, kXRing>;
-      const size_t bytes = ring_bytes(static_cast<int>(block.x / 32), kDepth, M);
+      const size_t bytes = ring_bytes(static_cast<int>(block.x / 32), kDepth, Mk);
       // Past the 48 KB a launch may take unasked; set on every launch (cheap, and per device).
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
       if (err != cudaSuccess) return err;
@@ -471,12 +488,12 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
   if (deep) {
     if constexpr (!kA16) {
       return cudaErrorInvalidValue;  // no v1 kernel at kDeepDepth; ternary_mma_takes_depth refuses it first
-    } else if (M <= 8) {
+    } else if (Mk <= 8) {
       ternary_mma_kernel<T, 1, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
     } else {
       ternary_mma_kernel<T, 2, true, kDeepDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
     }
-  } else if (M <= 8) {
+  } else if (Mk <= 8) {
     ternary_mma_kernel<T, 1, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
   } else {
     ternary_mma_kernel<T, 2, kA16, kDepth><<<grid, block, 0, stream>>>(xt, wp, ws, bt, ot, M, N, K, wl);
@@ -487,7 +504,7 @@ cudaError_t launch_t(const void* x, const uint8_t* wp, const __half* ws, const v
 }  // namespace
 
 // Largest M the kernel takes (two n8 tiles).
-int ternary_mma_max_m() { return 16; }
+int ternary_mma_max_m() { return a16_slab() > 0 ? 64 : 16; }
 
 // Whether launch_ternary_mma takes `depth` in the given layout.
 bool ternary_mma_takes_depth(bool a16, int depth) {
