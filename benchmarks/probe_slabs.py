@@ -1,13 +1,16 @@
 """Every token-slab size of the small-M kernels, forced, beside cuBLAS bf16: where should slabs start?
 
     python benchmarks/probe_slabs.py [--out benchmarks/results/h100/probe_slabs.json]
-        [--shapes 1024x4096,...] [--ms 9 12 16 65 80 96 128]
+        [--shapes 1024x4096,...] [--ms 9 12 16 65 80 96 128] [--row-groups -1 1 2 4 8]
 
 The dispatcher's slab rules (``configs.mma_slab``, ``configs.mma_a8_slab``) were picked from forced
 runs at M = 24..128. This calls the two C++ ops directly (``linear_cuda_mma`` over a16 weights,
 ``linear_cuda_mma_a8`` over row scales) with every slab each takes at each M: 0 (one CTA column
 over all of M, where the kernel has a form for M), 8, 16 and, for int8, 32. The int8 rows are
-quantized once beforehand, so their times are the GEMM's alone. Each (shape, M) captures one CUDA
+quantized once beforehand, so their times are the GEMM's alone. ``--row-groups`` also sweeps the sets
+of 16 weight rows a CTA owns (-1: the kernel's choice, which fills the GPU at one slab; a slabbed
+launch has several times the CTAs, so more sets a CTA, sharing x, may pay there); each set count is
+then an implementation of its own (``a16_slab16_r2``). Each (shape, M) captures one CUDA
 graph per implementation over rotated weight copies (past the L2) and times them taking turns,
 as bench_linear does; speed-ups are against cuBLAS bf16 in the same rounds.
 """
@@ -42,7 +45,7 @@ def slabs(mode: str, m: int) -> list[int]:
     return ([0] if one_column else []) + [s for s in sizes if s < m]
 
 
-def probe(k: int, n: int, m: int) -> list[dict]:
+def probe(k: int, n: int, m: int, row_groups=(-1,)) -> list[dict]:
     copies = copies_for(n * k * 2)
     weights = make_weights(k, n, copies)
     shifts = torch.arange(0, 8, 2, device="cuda", dtype=torch.uint8)
@@ -52,12 +55,14 @@ def probe(k: int, n: int, m: int) -> list[dict]:
     x = torch.randn(m, k, device="cuda", dtype=DTYPE)
     q, qs = quantize_rows(x)
     fns = {"cublas_bf16": lambda i: F.linear(x, dense[i % copies])}
-    for slab in slabs("a16", m):
-        fns[f"a16_slab{slab}"] = (lambda s: lambda i: torch.ops.ternop.linear_cuda_mma(
-            x, *a16[i % copies], None, True, -1, -1, s))(slab)
-    for slab in slabs("a8", m):
-        fns[f"a8row_slab{slab}"] = (lambda s: lambda i: torch.ops.ternop.linear_cuda_mma_a8(
-            q, qs, *a8[i % copies], None, DTYPE, -1, -1, s))(slab)
+    for r in row_groups:
+        tag = "" if r == -1 else f"_r{r}"
+        for slab in slabs("a16", m):
+            fns[f"a16_slab{slab}{tag}"] = (lambda s, r: lambda i: torch.ops.ternop.linear_cuda_mma(
+                x, *a16[i % copies], None, True, r, -1, s))(slab, r)
+        for slab in slabs("a8", m):
+            fns[f"a8row_slab{slab}{tag}"] = (lambda s, r: lambda i: torch.ops.ternop.linear_cuda_mma_a8(
+                q, qs, *a8[i % copies], None, DTYPE, r, -1, s))(slab, r)
     graphs = {name: capture(fn, copies) for name, fn in fns.items()}
     us = time_interleaved(graphs, copies)
     return [{"K": k, "N": n, "M": m, "impl": name, "us": round(t, 3),
@@ -69,6 +74,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h100/probe_slabs.json"))
     parser.add_argument("--shapes", type=_shape_list, default=SHAPES)
     parser.add_argument("--ms", type=int, nargs="+", default=MS)
+    parser.add_argument("--row-groups", type=int, nargs="+", default=[-1], choices=[-1, 1, 2, 4, 8],
+                        help="sets of 16 weight rows a CTA: -1 the kernel's choice (default), or 1, 2, 4, 8")
     args = parser.parse_args(argv)
     from ternop.cuda import cuda_ext
 
@@ -78,7 +85,7 @@ def main(argv=None) -> int:
     results = []
     for k, n in args.shapes:
         for m in args.ms:
-            rows = probe(k, n, m)
+            rows = probe(k, n, m, args.row_groups)
             results += rows
             print(f"{k:5d}->{n:5d} M={m:4d} " + "  ".join(f"{r['impl']} x{r['speedup_vs_bf16']:.2f}" for r in rows),
                   flush=True)  # fmt: skip
