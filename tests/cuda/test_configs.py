@@ -862,3 +862,22 @@ def test_token_slabs_take_their_layers_through_the_registry(monkeypatch):
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 0))
     assert registry._cuda_mma_slab(_shape_call(24, k=2048, n=1024, **a16)) == 0
     assert registry._cuda_mma_a8_slab(_shape_call(24, **a8)) == 0
+
+
+def test_token_slab_rules_give_only_slabs_the_ops_take(monkeypatch):
+    """Over every M to 256 and a spread of layers, the rules return 0 or a slab the op takes (8 or 16;
+    int8 also 32) that is smaller than M, never one past their bucket's largest M, and nothing on other
+    GPUs or with block scales."""
+    _sm90(monkeypatch)
+    layers = [(n, k) for n in (256, 1024, 2048, 3072, 4096, 6144, 14336) for k in (512, 1024, 2048, 3072, 4096)]
+    seen = set()
+    for m in range(1, 257):
+        for n, k in layers:
+            a16, a8 = configs.mma_slab(m, n, k, DEV), configs.mma_a8_slab(m, n, k, True, DEV)
+            assert a16 in (0, 8, 16) and (a16 == 0 or (a16 < m <= configs.SLAB_A16_MAX_M)), (m, n, k, a16)
+            assert a8 in (0, 8, 16, 32) and (a8 == 0 or (a8 < m <= configs.SLAB_A8_MAX_M)), (m, n, k, a8)
+            assert configs.mma_a8_slab(m, n, k, False, DEV) == 0
+            seen.update({("a16", a16), ("a8", a8)})
+    assert seen == {("a16", 0), ("a16", 8), ("a16", 16), ("a8", 0), ("a8", 8), ("a8", 16), ("a8", 32)}
+    monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 9))
+    assert configs.mma_slab(24, 1024, 2048, DEV) == 0 and configs.mma_a8_slab(24, 1024, 2048, True, DEV) == 0
