@@ -442,8 +442,8 @@ def _cuda_mma_a8_slab(call: backends.LinearCall) -> int:
     CTA column over all of M); forced past the one-column kernels' M, 16."""
     row_scales = call.weight_scale.shape[1] == 1
     slab = configs.mma_a8_slab(call.m, call.n, call.k, row_scales, call.x.device)
-    if not slab and _forced("cuda_mma_a8") and call.m > (CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M):
-        slab = 16
+    if not slab and call.m > (CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M) and _forced("cuda_mma_a8"):
+        slab = 16  # M is tested first: the environment is read only past the one-column kernels' M
     return slab
 
 
