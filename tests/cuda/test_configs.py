@@ -782,9 +782,9 @@ def test_token_slabs_run_where_their_run_was_faster(monkeypatch, mode):
 @pytest.mark.parametrize("mode", ["a16", "a8"])
 def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkeypatch, mode):
     """probe_slabs.py (one H100; the two ops called directly with every slab size) at M = 9, 12, 16 and
-    65..128: the slab each rule picks was the fastest size measured there, or within 3% of it, and
-    where a rule picks slabs of 8 at M <= 16 they beat one column by 4% or more; where it picks none
-    at M <= 16, one column was at least as fast. At M > 64 no 16-bit slab is taken."""
+    65..128. At M <= 16: where a rule picks slabs of 8 they beat one CTA column by 4% or more, and where
+    it picks none one column was at least as fast. At M = 65..128: no 16-bit slab is taken, and each
+    int8 slab picked was the fastest size measured there or within 3% of it."""
     _hopper_ready(monkeypatch)
     import json
     from pathlib import Path
