@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import ternop  # noqa: F401  (registers the ops)
 from ternop import layouts
 from ternop.activations import quantize_rows
+from ternop.cuda import registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_linear import DTYPE, _shape_list, capture, copies_for, dequant, make_weights, time_interleaved  # noqa: E402
@@ -40,7 +41,7 @@ MS = [9, 12, 16, 65, 80, 96, 128]
 
 def slabs(mode: str, m: int) -> list[int]:
     """The slabs the op takes at M: 0 only where one CTA column has a form for M."""
-    one_column = m <= (16 if mode == "a16" else 64)
+    one_column = m <= (registry.CUDA_MMA_MAX_M if mode == "a16" else registry.CUDA_MMA_A8_ROW_MAX_M)
     sizes = [8, 16] if mode == "a16" else [8, 16, 32]
     return ([0] if one_column else []) + [s for s in sizes if s < m]
 

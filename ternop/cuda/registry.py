@@ -437,12 +437,17 @@ def _wgmma_takes_wide(call: backends.LinearCall) -> bool:
     return _can_cuda_wgmma(call)[0]
 
 
+def _mma_a8_column_max_m(row_scales: bool) -> int:
+    """The largest M one CTA column of cuda_mma_a8 takes: four token tiles, eight with row scales."""
+    return CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M
+
+
 def _cuda_mma_a8_slab(call: backends.LinearCall) -> int:
     """The tokens a CTA of cuda_mma_a8 takes for this call: the slab of configs.mma_a8_slab, else 0 (one
     CTA column over all of M); forced past the one-column kernels' M, 16."""
     row_scales = call.weight_scale.shape[1] == 1
     slab = configs.mma_a8_slab(call.m, call.n, call.k, row_scales, call.x.device)
-    if not slab and call.m > (CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M) and _forced("cuda_mma_a8"):
+    if not slab and call.m > _mma_a8_column_max_m(row_scales) and _forced("cuda_mma_a8"):
         slab = 16  # M is tested first: the environment is read only past the one-column kernels' M
     return slab
 
@@ -452,7 +457,7 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     if why:
         return False, why
     row_scales = call.weight_scale.shape[1] == 1
-    max_m = CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M
+    max_m = _mma_a8_column_max_m(row_scales)
     slab = _cuda_mma_a8_slab(call)
     if call.m > max_m and not slab:
         scales = "row" if row_scales else "block"

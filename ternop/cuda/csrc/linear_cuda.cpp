@@ -209,8 +209,8 @@ at::Tensor linear_cuda_mma(const at::Tensor& x, const at::Tensor& weight_packed,
   check_row_groups(op, row_groups);
   check_depth(op, depth, depth <= INT32_MAX && ternop::ternary_mma_takes_depth(a16, static_cast<int>(depth)),
               "2, or 4 with a16 weights");
-  TORCH_CHECK(slab == 0 || ((slab == 8 || slab == 16) &&
-                            ternop::ternary_mma_takes_slab(a16, static_cast<int>(depth), static_cast<int>(slab))),
+  TORCH_CHECK(slab >= 0 && slab <= 16 &&
+                  ternop::ternary_mma_takes_slab(a16, static_cast<int>(depth), static_cast<int>(slab)),
               op, ": slab must be 0 (one CTA takes all of M), or 8 or 16 with a16 weights at the default depth; got ",
               slab, a16 ? "" : " with v1 weights", depth == -1 || depth == 2 ? "" : " at depth 4");
   return run_on_x(op, x, weight_packed, weight_scale, bias, ternop::ternary_mma_max_m(static_cast<int>(slab)), false,
