@@ -246,8 +246,9 @@ def _hopper_ready(monkeypatch):
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
 
-def _bench_cells(path: str) -> dict:
-    """A committed bench_linear run (``path`` under benchmarks/results/) as {(M, N, K): {impl: us}}."""
+def _bench_cells(path: str, field: str = "us") -> dict:
+    """A committed bench_linear run (``path`` under benchmarks/results/) as {(M, N, K): {impl: us}}, or
+    another of its rows' fields (``speedup_vs_bf16``)."""
     import collections
     import json
     from pathlib import Path
@@ -255,7 +256,7 @@ def _bench_cells(path: str) -> dict:
     cells = collections.defaultdict(dict)
     run = Path(__file__).resolve().parents[2] / "benchmarks/results" / path
     for row in json.loads(run.read_text())["results"]:
-        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row["us"]
+        cells[(row["M"], row["N"], row["K"])][row["impl"]] = row[field]
     return cells
 
 
@@ -737,12 +738,8 @@ def test_mma_a8_eight_tiles_take_m_33_to_64_on_k_1024_where_their_run_was_faster
 
 def _bench_speedups(path: str, impl: str) -> dict:
     """One implementation's speed-ups over cuBLAS bf16 in a committed bench_linear run, {(M, N, K): x}."""
-    import json
-    from pathlib import Path
-
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results" / path
-    return {(r["M"], r["N"], r["K"]): r["speedup_vs_bf16"] for r in json.loads(run.read_text())["results"]
-            if r["impl"] == impl}  # fmt: skip
+    cells = _bench_cells(path, "speedup_vs_bf16")
+    return {cell: row[impl] for cell, row in cells.items() if impl in row}
 
 
 @pytest.mark.parametrize("mode", ["a16", "a8"])
@@ -786,14 +783,9 @@ def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkey
     it picks none one column was at least as fast. At M = 65..128: no 16-bit slab is taken, and each
     int8 slab picked was the fastest size measured there or within 3% of it."""
     _hopper_ready(monkeypatch)
-    import json
-    from pathlib import Path
-
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/probe_slabs_86dc310.json"
-    cells = {}
-    for r in json.loads(run.read_text())["results"]:
-        if r["impl"].startswith(f"{mode}_slab" if mode == "a16" else "a8row_slab"):
-            cells.setdefault((r["M"], r["N"], r["K"]), {})[int(r["impl"].rsplit("slab", 1)[1])] = r["speedup_vs_bf16"]
+    prefix = f"{mode}_slab" if mode == "a16" else "a8row_slab"
+    cells = {cell: {int(impl[len(prefix):]): x for impl, x in row.items() if impl.startswith(prefix)}
+             for cell, row in _bench_cells("h100/probe_slabs_86dc310.json", "speedup_vs_bf16").items()}
     assert len(cells) == 35
     taken = 0
     for (m, n, k), by_slab in cells.items():
