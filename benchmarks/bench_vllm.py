@@ -518,21 +518,22 @@ def worker_embed(args) -> None:
         if cmd["op"] == "quit":
             break
         if cmd["op"] == "embed":
-            from host_probe import CpuWindow
+            from host_probe import CpuWindow, GcWindow
 
             prompts = _prompts(cmd["n"], cmd["length"], cmd["seed"])
             alloc0 = _allocator_counts(torch)
-            window = CpuWindow()
+            window, collector = CpuWindow(), GcWindow()
             t0 = time.perf_counter()
             outs = llm.embed(prompts, use_tqdm=False)
             dt = time.perf_counter() - t0
-            cpu = window.report(top=3)
+            cpu, collected = window.report(top=3), collector.report()
             assert len(outs) == cmd["n"]
             # Whether the batch's host side kept up (the calling thread's CPU time against the
             # wall) and whether the caching allocator went to the driver or had to free and retry
             # (each is a device-wide synchronisation): a throughput gap with equal kernels sits there.
             alloc = {k: v - alloc0[k] for k, v in _allocator_counts(torch).items()}
-            reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt, "cpu": cpu, "allocator": alloc})
+            reply({"seconds": dt, "tokens_per_s": cmd["n"] * cmd["length"] / dt, "cpu": cpu, "allocator": alloc,
+                   "gc": collected})
         elif cmd["op"] == "latency":
             from host_probe import CpuWindow, quick
 
@@ -1004,10 +1005,13 @@ def run_embed_interleaved(args, work: Path, report: dict) -> None:
                     r = workers[name].ask(op="embed", n=n, length=length, seed=1000 * rep + length)
                     runs[name].setdefault(f"{n}x{length}", []).append(r["tokens_per_s"])
                     cpu = r.get("cpu", {})
+                    # What the calling process's CPU went to, where a round ran slow: its garbage
+                    # collections, and the machine's busiest processes (the engine core among them).
                     host[name].setdefault(f"{n}x{length}", []).append({
                         "caller_cpu_per_wall": cpu.get("caller_cpu_s", 0) / max(cpu.get("wall_s", 0), 1e-9),
                         "minflt": cpu.get("caller_rusage", {}).get("minflt"),
-                        "allocator": r.get("allocator", {})})  # fmt: skip
+                        "allocator": r.get("allocator", {}), "gc": r.get("gc"),
+                        "processes": cpu.get("processes"), "machine_busy_share": cpu.get("machine_busy_share")})  # fmt: skip
             for length in LATENCY_LENGTHS:
                 # One query at a time, alternating between the engines: the host's speed drifts
                 # (an empty Python call took 27-62 ns in one process over one run), and a batch of
@@ -1125,9 +1129,11 @@ def _print_table(report: dict) -> None:
                 if rows:
                     trips = sum(sum(r["allocator"].values()) for r in rows)
                     faults = [r["minflt"] for r in rows if r["minflt"] is not None]
+                    gc_s = [r["gc"]["seconds"] for r in rows if r.get("gc")]
                     print(f"{'embed ' + w + ': caller CPU per wall ' + who:44s} "
                           f"{statistics.median(r['caller_cpu_per_wall'] for r in rows):12.2f}"
-                          f"   allocator trips {trips}, minflt/batch {statistics.median(faults) if faults else nan:.0f}")
+                          f"   allocator trips {trips}, minflt/batch {statistics.median(faults) if faults else nan:.0f}"
+                          f", gc s/batch {statistics.median(gc_s) if gc_s else nan:.3f}")
         if ratios.get("linear_weight_memory"):
             print(f"{'embed linear weight memory ' + name:44s} {'':12s} {'':12s} {ratios['linear_weight_memory']:8.3f}")
     for workload in [w for w in report.get("workloads", []) if w != "embed"]:

@@ -29,8 +29,9 @@ What it reports:
 
 The idle probes found the ternary process no slower while its queries were, so ``quick()``
 repeats the small timings (and times making and dropping two views of a CUDA tensor, what
-FlashAttention's KV-cache update does per layer) right after a query, and ``CpuWindow``
-counts the calling thread's page faults and context switches over the timed work.
+FlashAttention's KV-cache update does per layer) right after a query, ``CpuWindow``
+counts the calling thread's page faults and context switches over the timed work, and
+``GcWindow`` the garbage collections that ran in it and their time.
 """
 
 from __future__ import annotations
@@ -125,6 +126,39 @@ class CpuWindow:
         if self._all and all1 and all1[1] > self._all[1]:
             out["machine_busy_share"] = (all1[0] - self._all[0]) / (all1[1] - self._all[1])
         return out
+
+
+class GcWindow:
+    """The garbage collector's work over a stretch of this process's life, from ``gc.callbacks``:
+    how many collections of each generation ran and the seconds they took, in any thread.
+
+        w = GcWindow(); ...work...; w.report()   # -> {"collections": [g0, g1, g2], "seconds": s}
+
+    Two engines' batches of the same work whose calling threads used different CPU time may
+    differ in what the collector did (a larger heap makes each full collection longer); this says
+    whether they did. ``report()`` ends the window.
+    """
+
+    def __init__(self) -> None:
+        self._counts = [0, 0, 0]
+        self._seconds = 0.0
+        self._start: float | None = None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self._seconds += time.perf_counter() - self._start
+            self._start = None
+            generation = info.get("generation", 0)
+            if 0 <= generation < len(self._counts):
+                self._counts[generation] += 1
+
+    def report(self) -> dict:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        return {"collections": list(self._counts), "seconds": self._seconds}
 
 
 def _thread_rusage() -> dict | None:
