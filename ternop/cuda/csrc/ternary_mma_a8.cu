@@ -346,29 +346,43 @@ __global__ void __launch_bounds__(kMaxWarpsA8 * 32, NT == 1 ? (D > kDepthA8 ? 3 
       for (int r = 0; r < 4; ++r) acc[t][r] = static_cast<float>(cacc[t][r]);
   }
 
+  // The rows' scales and bias are read before the sums are reduced, and a tile's token scales
+  // before its stores: each load's latency then overlaps the others' and the reduction, where
+  // loads issued beside each store (as the compiler scheduled the row-scaled epilogue since
+  // the slab offset came in) wait one after another.
+  const int n0c = row0 < N ? row0 : 0, n1c = row1 < N ? row1 : 0;
+  const float rs0 = row ? __half2float(ws[n0c]) : 1.f, rs1 = row ? __half2float(ws[n1c]) : 1.f;
+  const float bv0 = bias != nullptr ? Fp<T>::to_float(bias[n0c]) : 0.f;
+  const float bv1 = bias != nullptr ? Fp<T>::to_float(bias[n1c]) : 0.f;
+
   // The set is recomputed here rather than kept live through the loop.
   if (!sum_set_warps<NT>(red, acc, threadIdx.x >> (5 + warps_log2), warp, warps, lane)) return;
 
   // C fragment: acc[t][r] is row g + 8 * (r / 2), token t * 8 + 2q + r % 2.
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int t = 0; t < NT; ++t) {
+    const int m0 = m_base + t * 8 + 2 * qd;
+    float sx[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int m = m0 + i < M ? m0 + i : 0;
+      if constexpr (kFused) {
+        sx[i] = qs_shared[m];
+      } else {
+        sx[i] = qs[m];
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = r < 2 ? row0 : row1;
-      const int m = m_base + t * 8 + 2 * qd + (r & 1);
+      const int m = m0 + (r & 1);
       if (n < N && m < M) {
-        const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-        float sx;
-        if constexpr (kFused) {
-          sx = qs_shared[m];
-        } else {
-          sx = qs[m];
-        }
-        const float a = row ? __fmul_rn(acc[t][r], __half2float(ws[n])) : acc[t][r];
+        const float a = row ? __fmul_rn(acc[t][r], r < 2 ? rs0 : rs1) : acc[t][r];
         // Two roundings, as the spec has them (no contraction into one FMA).
-        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(a, sx), bv));
+        out[static_cast<size_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(a, sx[r & 1]), r < 2 ? bv0 : bv1));
       }
     }
+  }
 }
 
 template <typename T>
