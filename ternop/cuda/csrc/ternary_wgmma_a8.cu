@@ -149,28 +149,31 @@ __device__ __forceinline__ void turn_pass(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumersA8) : "memory");
 }
 
-// out[m, n] from its fp32 sum before the token scale. Two roundings, as the spec has them (no
-// contraction into one FMA): the token scale, then the bias.
-template <typename T>
-__device__ __forceinline__ void store_out(T* __restrict__ out, const float* __restrict__ qs, const T* __restrict__ bias,
-                                          int N, int m, int n, float value) {
-  const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-  out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(value, qs[m]), bv));
-}
-
 // A lane's outputs: accumulator 4j + r is weight row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2;
-// value(i, n) is accumulator i's fp32 sum before the token scale.
+// value(i) is accumulator i's fp32 sum before the token scale. The two rows' bias and the lane's
+// token scales are read before any store (indices clamped into the tensors), so that their loads
+// are in flight together: read beside each store, inside its bounds check, each waited for the
+// one before.
 template <typename T, int R, typename Value>
 __device__ __forceinline__ void store_tile(T* __restrict__ out, const float* __restrict__ qs,
                                            const T* __restrict__ bias, int M, int N, int n0, int m0, int row, int q,
                                            Value&& value) {
+  const int na = n0 + row, nb = na + 8;
+  const float bva = bias != nullptr ? Fp<T>::to_float(bias[min(na, N - 1)]) : 0.f;
+  const float bvb = bias != nullptr ? Fp<T>::to_float(bias[min(nb, N - 1)]) : 0.f;
+  float sx[R / 2];  // token m0 + 8j + 2q + i at 2j + i
+#pragma unroll
+  for (int i = 0; i < R / 2; ++i) sx[i] = qs[min(m0 + 8 * (i / 2) + 2 * q + (i & 1), M - 1)];
 #pragma unroll
   for (int j = 0; j < R / 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int n = n0 + row + 8 * (r / 2);
+      const int n = r < 2 ? na : nb;
       const int m = m0 + 8 * j + 2 * q + (r & 1);
-      if (n < N && m < M) store_out<T>(out, qs, bias, N, m, n, value(4 * j + r, n));
+      // Two roundings, as the spec has them (no contraction into one FMA): the token scale, then the bias.
+      if (n < N && m < M)
+        out[static_cast<int64_t>(m) * N + n] =
+            Fp<T>::from_float(__fadd_rn(__fmul_rn(value(4 * j + r), sx[2 * j + (r & 1)]), r < 2 ? bva : bvb));
     }
 }
 
@@ -199,13 +202,21 @@ __device__ __forceinline__ void split_reduce_store(uint8_t* smem, const int32_t 
   const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   const int per = Cfg::BT / splits;  // splits 2, 4 or 8; BT 64 or 128
-  for (int i = threadIdx.x; i < per * Cfg::kRows; i += Cfg::kConsumers) {
-    const int t = rank * per + i / Cfg::kRows, c = i % Cfg::kRows;
-    const int m = m0 + t, n = n0 + c;
-    if (m >= M || n >= N) continue;
-    int32_t sum = 0;
-    for (int r = 0; r < splits; ++r) sum += *cluster.map_shared_rank(sums + t * kPitch + c, r);
-    store_out<T>(out, qs, bias, N, m, n, __fmul_rn(static_cast<float>(sum), __half2float(ws[n])));
+  // A thread keeps one row c of the tile (the consumers are a multiple of the rows), so its row's
+  // scale and bias are read once, before the loop, and not beside each store.
+  static_assert(Cfg::kConsumers % Cfg::kRows == 0, "a thread keeps one row of the tile");
+  const int c = threadIdx.x % Cfg::kRows, n = n0 + c;
+  if (n < N) {
+    const float sw = __half2float(ws[n]);
+    const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
+    for (int t = rank * per + threadIdx.x / Cfg::kRows; t < (rank + 1) * per; t += Cfg::kConsumers / Cfg::kRows) {
+      const int m = m0 + t;
+      if (m >= M) break;
+      int32_t sum = 0;
+      for (int r = 0; r < splits; ++r) sum += *cluster.map_shared_rank(sums + t * kPitch + c, r);
+      const float value = __fmul_rn(static_cast<float>(sum), sw);
+      out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(value, qs[m]), bv));
+    }
   }
   cluster_sync();
 #endif
@@ -348,9 +359,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       split_reduce_store<T, Cfg, R>(smem, part, row, q, qs, ws, bias, out, M, N, n0, m0);
       return;
     }
-    // The row's scale first: fp32(fp32(S) * s_w[n]), then the token's.
+    // The row's scale first: fp32(fp32(S) * s_w[n]), then the token's. Accumulator i is row
+    // row + 8 ((i / 2) % 2) of the CTA.
+    const float wsa = __half2float(ws[min(n0 + row, N - 1)]), wsb = __half2float(ws[min(n0 + row + 8, N - 1)]);
     store_tile<T, R>(out, qs, bias, M, N, n0, m0, row, q,
-                     [&](int i, int n) { return __fmul_rn(static_cast<float>(part[i]), __half2float(ws[n])); });
+                     [&](int i) { return __fmul_rn(static_cast<float>(part[i]), (i & 2) ? wsb : wsa); });
     return;
   }
 
@@ -397,7 +410,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
 
-  store_tile<T, R>(out, qs, bias, M, N, n0, m0, row, q, [&](int i, int) { return acc[i]; });
+  store_tile<T, R>(out, qs, bias, M, N, n0, m0, row, q, [&](int i) { return acc[i]; });
 }
 
 using A8Tile0 = A8Tile<64, 8>;
