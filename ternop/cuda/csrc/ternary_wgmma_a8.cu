@@ -149,6 +149,13 @@ __device__ __forceinline__ void turn_pass(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kConsumersA8) : "memory");
 }
 
+// An output from its fp32 sum before the token scale (value), the token's scale and the row's bias.
+// Two roundings, as the spec has them (no contraction into one FMA): the token scale, then the bias.
+template <typename T>
+__device__ __forceinline__ T scaled_out(float value, float sx, float bv) {
+  return Fp<T>::from_float(__fadd_rn(__fmul_rn(value, sx), bv));
+}
+
 // A lane's outputs: accumulator 4j + r is weight row n0 + row + 8 (r / 2), token m0 + 8j + 2q + r % 2;
 // value(i) is accumulator i's fp32 sum before the token scale. The two rows' bias and the lane's
 // token scales are read before any store (indices clamped into the tensors), so that their loads
@@ -170,10 +177,8 @@ __device__ __forceinline__ void store_tile(T* __restrict__ out, const float* __r
     for (int r = 0; r < 4; ++r) {
       const int n = r < 2 ? na : nb;
       const int m = m0 + 8 * j + 2 * q + (r & 1);
-      // Two roundings, as the spec has them (no contraction into one FMA): the token scale, then the bias.
       if (n < N && m < M)
-        out[static_cast<int64_t>(m) * N + n] =
-            Fp<T>::from_float(__fadd_rn(__fmul_rn(value(4 * j + r), sx[2 * j + (r & 1)]), r < 2 ? bva : bvb));
+        out[static_cast<int64_t>(m) * N + n] = scaled_out<T>(value(4 * j + r), sx[2 * j + (r & 1)], r < 2 ? bva : bvb);
     }
 }
 
@@ -215,7 +220,7 @@ __device__ __forceinline__ void split_reduce_store(uint8_t* smem, const int32_t 
       int32_t sum = 0;
       for (int r = 0; r < splits; ++r) sum += *cluster.map_shared_rank(sums + t * kPitch + c, r);
       const float value = __fmul_rn(static_cast<float>(sum), sw);
-      out[static_cast<int64_t>(m) * N + n] = Fp<T>::from_float(__fadd_rn(__fmul_rn(value, qs[m]), bv));
+      out[static_cast<int64_t>(m) * N + n] = scaled_out<T>(value, qs[m], bv);
     }
   }
   cluster_sync();
