@@ -804,6 +804,26 @@ def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkey
     assert taken == (6 if mode == "a16" else 9 + 11)
 
 
+def test_int8_slab_rules_still_pick_the_fastest_slab_after_the_row_scaled_epilogues_changed(monkeypatch):
+    """probe_slabs.py again after f6f4718 made the int8 row-scaled epilogue faster (one H100; int8 rows
+    quantized beforehand), on the K = 1024 layers at M = 33, 48, 64 and 96, each slab forced with the
+    kernel's own row groups. Where the rule takes a slab, or one CTA column (slab 0, M <= 64), it was
+    the fastest of them or within 3%; at M = 96 on 1024->6144 it takes none (another backend runs)."""
+    _hopper_ready(monkeypatch)
+    prefix = "a8row_slab"
+    cells = {cell: {int(impl[len(prefix):]): x for impl, x in row.items() if impl.startswith(prefix) and "_r" not in impl}
+             for cell, row in _bench_cells("h100/probe_slabs_f6f4718.json", "speedup_vs_bf16").items()}  # fmt: skip
+    assert len(cells) == 8
+    declined = []
+    for (m, n, k), by_slab in cells.items():
+        slab = configs.mma_a8_slab(m, n, k, True, DEV)
+        if not slab and m > registry.CUDA_MMA_A8_ROW_MAX_M:
+            declined.append((m, n, k))
+            continue
+        assert by_slab[slab] >= 0.97 * max(by_slab.values()), (m, n, k, slab, by_slab)
+    assert declined == [(96, 6144, 1024)]
+
+
 def test_token_slabs_take_their_layers_through_the_registry(monkeypatch):
     """The registry gives cuda_mma and cuda_mma_a8 the calls their slab rules take, past the one-launch
     M (16; 32 with block scales, 64 with row scales), and passes the slab to the op; the other layers,
