@@ -81,6 +81,11 @@ class LinearCall(NamedTuple):
     def k(self) -> int:
         return self.x.shape[1]
 
+    @property
+    def row_scales(self) -> bool:
+        """Whether the weights have one scale per row (``weight_scale`` [N, 1])."""
+        return self.weight_scale.shape[1] == 1
+
     def key(self) -> tuple:
         """Everything a backend's answer may depend on."""
         x, w = self.x, self.weight_packed
@@ -88,7 +93,7 @@ class LinearCall(NamedTuple):
         return (
             x.device, x.dtype, m, w.shape[0], k, x.stride(0),
             x.data_ptr() % 16, w.data_ptr() % 16, self.bias is None, self.activation_bits, self.layout,
-            self.weight_scale.shape[1] == 1,  # a scale per row
+            self.row_scales,
             self.out_dtype,
         )
 

@@ -34,7 +34,7 @@ def _linear_a16(call: backends.LinearCall, out: torch.Tensor) -> None:
 def _linear_a8(call: backends.LinearCall, out: torch.Tensor) -> None:
     q, sx = (call.x, call.x_scale) if call.quantized else quantize_rows(call.x)
     nb = call.k // BLOCK_SIZE
-    row_scaled = call.weight_scale.shape[1] == 1  # one scale per row: the sum runs over all of K
+    row_scaled = call.row_scales  # one scale per row: the sum runs over all of K
     rows = max(1, _CHUNK_ELEMS // (call.k + call.m * nb))
     for n0 in range(0, call.n, rows):
         n1 = min(call.n, n0 + rows)

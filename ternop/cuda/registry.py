@@ -226,7 +226,7 @@ def _a8_row_only(call: backends.LinearCall) -> str:
     """Why a dense int8 GEMM (one scale per row) cannot take the call, else ""."""
     if call.activation_bits != 8:
         return _a8_only(call)
-    if call.weight_scale.shape[1] != 1:
+    if not call.row_scales:
         return "block scales: the dense int8 GEMM runs one scale per row (weight_scale [N, 1]) only"
     return ""
 
@@ -445,7 +445,7 @@ def _mma_a8_column_max_m(row_scales: bool) -> int:
 def _cuda_mma_a8_slab(call: backends.LinearCall) -> int:
     """The tokens a CTA of cuda_mma_a8 takes for this call: the slab of configs.mma_a8_slab, else 0 (one
     CTA column over all of M); forced past the one-column kernels' M, 16."""
-    row_scales = call.weight_scale.shape[1] == 1
+    row_scales = call.row_scales
     slab = configs.mma_a8_slab(call.m, call.n, call.k, row_scales, call.x.device)
     if not slab and call.m > _mma_a8_column_max_m(row_scales) and _forced("cuda_mma_a8"):
         slab = 16  # M is tested first: the environment is read only past the one-column kernels' M
@@ -456,7 +456,7 @@ def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     why = _a8_only(call)
     if why:
         return False, why
-    row_scales = call.weight_scale.shape[1] == 1
+    row_scales = call.row_scales
     max_m = _mma_a8_column_max_m(row_scales)
     slab = _cuda_mma_a8_slab(call)
     if call.m > max_m and not slab:
@@ -550,7 +550,7 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
     if not ok:
         return ok, why
     why = _hopper_wgmma(call)
-    if not why and not _forced("cuda_wgmma_a8") and call.weight_scale.shape[1] == 1:
+    if not why and not _forced("cuda_wgmma_a8") and call.row_scales:
         # Row scales: where it ran faster than triton_a8 under CUDA graphs (configs.wgmma_a8_row_declines
         # cites the runs; dequant_a8 goes first from M = 2048 and takes most of the calls there); above
         # the graphs' M, every call whose kernel costs less than those paths' host time
