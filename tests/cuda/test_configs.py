@@ -776,6 +776,13 @@ def test_token_slabs_run_where_their_run_was_faster(monkeypatch, mode):
     assert picked == (11 if mode == "a16" else 22)
 
 
+def _probe_by_slab(path: str, prefix: str) -> dict:
+    """A committed probe_slabs.py run as {(M, N, K): {slab: speed-up over cuBLAS bf16}} for the
+    implementations ``{prefix}{slab}`` (the kernel's own sets of rows a CTA; ``_r{sets}`` ones left out)."""
+    return {cell: {int(impl[len(prefix):]): x for impl, x in row.items() if impl.startswith(prefix) and "_r" not in impl}
+            for cell, row in _bench_cells(path, "speedup_vs_bf16").items()}  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["a16", "a8"])
 def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkeypatch, mode):
     """probe_slabs.py (one H100; the two ops called directly with every slab size) at M = 9, 12, 16 and
@@ -783,9 +790,7 @@ def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkey
     it picks none one column was at least as fast. At M = 65..128: no 16-bit slab is taken, and each
     int8 slab picked was the fastest size measured there or within 3% of it."""
     _hopper_ready(monkeypatch)
-    prefix = f"{mode}_slab" if mode == "a16" else "a8row_slab"
-    cells = {cell: {int(impl[len(prefix):]): x for impl, x in row.items() if impl.startswith(prefix)}
-             for cell, row in _bench_cells("h100/probe_slabs_86dc310.json", "speedup_vs_bf16").items()}
+    cells = _probe_by_slab("h100/probe_slabs_86dc310.json", f"{mode}_slab" if mode == "a16" else "a8row_slab")
     assert len(cells) == 35
     taken = 0
     for (m, n, k), by_slab in cells.items():
@@ -810,9 +815,7 @@ def test_int8_slab_rules_still_pick_the_fastest_slab_after_the_row_scaled_epilog
     kernel's own row groups. Where the rule takes a slab, or one CTA column (slab 0, M <= 64), it was
     the fastest of them or within 3%; at M = 96 on 1024->6144 it takes none (another backend runs)."""
     _hopper_ready(monkeypatch)
-    prefix = "a8row_slab"
-    cells = {cell: {int(impl[len(prefix):]): x for impl, x in row.items() if impl.startswith(prefix) and "_r" not in impl}
-             for cell, row in _bench_cells("h100/probe_slabs_f6f4718.json", "speedup_vs_bf16").items()}  # fmt: skip
+    cells = _probe_by_slab("h100/probe_slabs_f6f4718.json", "a8row_slab")
     assert len(cells) == 8
     declined = []
     for (m, n, k), by_slab in cells.items():
