@@ -219,12 +219,23 @@ def mma_a8_declines(m: int, n: int, k: int, row_scales: bool) -> str:
 #   (the forced run above: 0.61x at M = 96 against the dispatcher's 0.56x, with the quantization).
 # - 16-bit at M = 65..128: no slab size reached the dispatcher's kernels on any layer (on 2048->1024 at
 #   most 0.81x, where the dispatcher ran 0.79-0.85x at M = 80..128 in bench_linear_slabs_7046454.json).
+# - int8 at M = 65..128 on the layers with N >= K (1024->4096, 1024->6144), every slab also with 1, 2
+#   and 4 sets of 16 rows a CTA forced (probe_slabs.py at a368b8d, results/h100/probe_slabs_mid_a368b8d.json,
+#   the dispatcher of then in bench_linear_a8row_mid_a368b8d.json): the kernel's own sets count one
+#   slab's CTAs only and give these layers one set a CTA, each CTA reading its slab's x for 16 rows.
+#   More sets share it: 1024->4096 slabs of 32 with two sets 1.14x / 1.12x / 1.08x / 0.98x / 0.96x at
+#   M = 65 / 80 / 96 / 112 / 128 (the dispatcher 0.84x / 0.81x / 0.78x / 0.77x / 0.76x); 1024->6144
+#   four sets, slabs of 16 1.12x / 1.09x at M = 65 / 80, of 32 0.99x / 0.95x / 0.91x at 96 / 112 / 128
+#   (the dispatcher, another backend there, 0.59x / 0.64x / 0.77x / 0.81x / 0.79x). At M = 33..64 the
+#   kernel's own sets were the fastest or within 0.03 (probe_slabs_f6f4718.json), and on the N < K
+#   layers one set stays the fastest at every M measured.
 # Other GPUs, block scales and the larger layers keep one CTA column over all of M.
 SLAB_A16_MAX_M = 64
 SLAB_A8_MAX_M = 128
 SLAB_MAX_NK = 1 << 22
 SLAB_NARROW_A16_64_MAX_NK = 1 << 21  # 2048->1024 gained at M = 64, 3072->1024 lost
 SLAB_A8_SHORT_MAX_NK = 1 << 23  # int8 M = 17..32: 1024->6144 gained too
+SLAB_A8_SETS_MIN_M = 65  # int8 slabs with several sets a CTA (_a8_shared_x_slab)
 
 
 def mma_slab(m: int, n: int, k: int, device: torch.device) -> int:
@@ -244,6 +255,17 @@ def mma_slab(m: int, n: int, k: int, device: torch.device) -> int:
     return 16 if m <= 64 and nk <= SLAB_NARROW_A16_64_MAX_NK else 0
 
 
+def _a8_shared_x_slab(m: int, n: int, k: int) -> tuple[int, int] | None:
+    """(slab, sets of 16 rows a CTA) where slabs with several sets sharing x were the fastest: int8 row
+    scales at M = 65..128 on the layers with N >= K and N * K <= 2^23 (see above); else None."""
+    nk = n * k
+    if not SLAB_A8_SETS_MIN_M <= m <= SLAB_A8_MAX_M or n < k or nk > SLAB_A8_SHORT_MAX_NK:
+        return None
+    if nk <= SLAB_MAX_NK:
+        return 32, 2
+    return (16 if m <= 80 else 32), 4
+
+
 def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
     """Tokens a CTA of cuda_mma_a8 (0: one CTA column over all of M, the kernels of M <= 64), where
     the slabbed kernel was the fastest in its run (see above)."""
@@ -254,13 +276,25 @@ def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) 
         return 8 if nk <= SLAB_MAX_NK else 0
     if m <= 32:
         return 16 if nk <= SLAB_A8_SHORT_MAX_NK else 0
+    shared = _a8_shared_x_slab(m, n, k)
+    if shared:
+        return shared[0]
     if nk > SLAB_MAX_NK:
         return 0
     if m <= 48:
         return 16
     if n < k:
         return 16 if m <= 96 else 32 if m <= 128 else 0
-    return 32 if m <= 64 else 16 if m <= 96 else 0
+    return 32 if m <= 64 else 0
+
+
+def mma_a8_row_groups(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
+    """Sets of 16 weight rows a CTA of cuda_mma_a8 owns (-1: the kernel's own choice, small_m_split),
+    where more sets sharing a slab's x were the fastest (see above)."""
+    if not row_scales or arch_key(device) != "sm90":
+        return -1
+    shared = _a8_shared_x_slab(m, n, k)
+    return shared[1] if shared else -1
 
 
 SM90: Table = {

@@ -611,7 +611,9 @@ def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
-    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.dtype, slab=_cuda_mma_a8_slab(call))
+    slab = _cuda_mma_a8_slab(call)  # the rules set the sets of rows a CTA only in slabs
+    row_groups = configs.mma_a8_row_groups(call.m, call.n, call.k, call.row_scales, call.x.device) if slab else -1
+    return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.dtype, row_groups=row_groups, slab=slab)
 
 
 def _run_cuda_mma_a8_fused(call: backends.LinearCall) -> torch.Tensor:

@@ -716,7 +716,7 @@ def test_mma_a8_eight_tiles_take_m_33_to_64_on_k_1024_where_their_run_was_faster
     (one H100, forced, with the quantization, M = 33, 40, 48, 64 on the eight layers): on the K = 1024
     layers faster or level at every point, from K = 2048 level at one point and slower at the rest.
     The rule's pick is within 1% of the faster at all 32 points; block scales stay at M <= 32, and
-    M = 65 goes elsewhere."""
+    M = 65 goes elsewhere where no token slabs take it."""
     _hopper_ready(monkeypatch)
     cells = _bench_cells("h100/bench_linear_mma_a8_eight_tiles_b3151bc.json")
     assert len(cells) == 32 and all(m > 32 for m, _, _ in cells)
@@ -732,7 +732,7 @@ def test_mma_a8_eight_tiles_take_m_33_to_64_on_k_1024_where_their_run_was_faster
     assert registry._can_cuda_mma_a8(_shape_call(64, k=1024, n=6144)) == (True, "")
     ok, why = registry._can_cuda_mma_a8(_shape_call(33, k=4096, n=4096))
     assert not ok and "mma_a8_declines" in why
-    ok, why = registry._can_cuda_mma_a8(_shape_call(65, k=1024, n=6144))  # no token slabs there either
+    ok, why = registry._can_cuda_mma_a8(_shape_call(65, k=1024, n=16384))  # no token slabs there either
     assert not ok and "M <= 64 with row scales" in why
 
 
@@ -747,7 +747,9 @@ def test_token_slabs_run_where_their_run_was_faster(monkeypatch, mode):
     """The token-slab rules against their forced runs (one H100; each slab size in a process of its own
     with the dispatcher of then beside it, M = 24..64 and for int8 to 128 on 1024->4096, 1024->6144,
     2048->1024, 3072->1024 and 4096->4096). Where a rule picks a slab, that slab ran at least 3% faster
-    than the dispatcher; at every point the pick is within 5% of the fastest thing measured there."""
+    than the dispatcher; at every point the pick is within 5% of the fastest thing measured there. These
+    runs left the sets of rows a CTA to the kernel: where the int8 rule sets them (M = 65..128 on the
+    N >= K layers), test_int8_sets_of_rows_at_m_65_to_128_follow_their_probe holds it."""
     _hopper_ready(monkeypatch)
     if mode == "a16":
         before = _bench_speedups("h100/exp_slabs_a16_base_ea6f08d.json", "ternop")
@@ -764,8 +766,10 @@ def test_token_slabs_run_where_their_run_was_faster(monkeypatch, mode):
             return configs.mma_a8_slab(m, n, k, True, DEV)
     points = [cell for cell in before if cell[0] > 16]
     assert len(points) == (25 if mode == "a16" else 35)
+    own_sets = [cell for cell in points if mode == "a16" or configs.mma_a8_row_groups(*cell, True, DEV) == -1]
+    assert len(own_sets) == (25 if mode == "a16" else 31)
     picked = 0
-    for m, n, k in points:
+    for m, n, k in own_sets:
         slab = rule(m, n, k)
         best = max([before[(m, n, k)]] + [run[(m, n, k)] for run in slabs.values() if (m, n, k) in run])
         pick = slabs[slab][(m, n, k)] if slab else before[(m, n, k)]
@@ -773,7 +777,7 @@ def test_token_slabs_run_where_their_run_was_faster(monkeypatch, mode):
             picked += 1
             assert pick > 1.03 * before[(m, n, k)], (m, n, k, slab, pick, before[(m, n, k)])
         assert pick >= 0.95 * best, (m, n, k, slab, pick, best)
-    assert picked == (11 if mode == "a16" else 22)
+    assert picked == (11 if mode == "a16" else 21)
 
 
 def _probe_by_slab(path: str, prefix: str) -> dict:
@@ -788,13 +792,16 @@ def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkey
     """probe_slabs.py (one H100; the two ops called directly with every slab size) at M = 9, 12, 16 and
     65..128. At M <= 16: where a rule picks slabs of 8 they beat one CTA column by 4% or more, and where
     it picks none one column was at least as fast. At M = 65..128: no 16-bit slab is taken, and each
-    int8 slab picked was the fastest size measured there or within 3% of it."""
+    int8 slab picked with the kernel's own sets of rows was the fastest size measured there or within 3%
+    of it (the probe had no other sets; where the rule sets them, the a368b8d probe holds it)."""
     _hopper_ready(monkeypatch)
     cells = _probe_by_slab("h100/probe_slabs_86dc310.json", f"{mode}_slab" if mode == "a16" else "a8row_slab")
     assert len(cells) == 35
     taken = 0
     for (m, n, k), by_slab in cells.items():
         slab = configs.mma_slab(m, n, k, DEV) if mode == "a16" else configs.mma_a8_slab(m, n, k, True, DEV)
+        if mode == "a8" and configs.mma_a8_row_groups(m, n, k, True, DEV) != -1:
+            continue
         if m > 64:
             assert mode == "a8" or slab == 0, (m, n, k, slab)
             if slab:
@@ -806,36 +813,65 @@ def test_token_slabs_at_the_m_the_forced_runs_left_out_follow_their_probe(monkey
             assert slab == 8 and by_slab[8] >= 1.04 * by_slab[0], (m, n, k, by_slab)
         else:
             assert by_slab[0] >= by_slab[8], (m, n, k, by_slab)
-    assert taken == (6 if mode == "a16" else 9 + 11)
+    assert taken == (6 if mode == "a16" else 9 + 8)
+
+
+def _a8_probe_pick(path: str) -> list[tuple]:
+    """For each cell of an int8 slab probe: (cell, the speed-up of what the rules pick, the fastest
+    implementation's). The rules pick a slab (configs.mma_a8_slab; 0 is one CTA column) and sets of 16
+    rows a CTA (configs.mma_a8_row_groups; -1 the kernel's own), which the probe names
+    ``a8row_slab{slab}`` and ``a8row_slab{slab}_r{sets}``; None where they take no slab past M = 64."""
+    picks = []
+    for (m, n, k), row in _bench_cells(path, "speedup_vs_bf16").items():
+        a8 = {impl: x for impl, x in row.items() if impl.startswith("a8row_slab")}
+        slab, sets = configs.mma_a8_slab(m, n, k, True, DEV), configs.mma_a8_row_groups(m, n, k, True, DEV)
+        taken = slab or m <= registry.CUDA_MMA_A8_ROW_MAX_M
+        name = f"a8row_slab{slab}" + ("" if sets == -1 else f"_r{sets}")
+        picks.append(((m, n, k), a8[name] if taken else None, max(a8.values())))
+    return picks
 
 
 def test_int8_slab_rules_still_pick_the_fastest_slab_after_the_row_scaled_epilogues_changed(monkeypatch):
     """probe_slabs.py again after f6f4718 made the int8 row-scaled epilogue faster (one H100; int8 rows
-    quantized beforehand), on the K = 1024 layers at M = 33, 48, 64 and 96, each slab forced with the
-    kernel's own row groups. Where the rule takes a slab, or one CTA column (slab 0, M <= 64), it was
-    the fastest of them or within 3%; at M = 96 on 1024->6144 it takes none (another backend runs)."""
+    quantized beforehand), on the K = 1024 layers at M = 33, 48, 64 and 96, each slab with the kernel's
+    own sets of rows a CTA and with 2, 4 and 8 forced. What the rules pick (a slab, or one CTA column at
+    M <= 64, and the sets) was the fastest of all of them or within 3%."""
     _hopper_ready(monkeypatch)
-    cells = _probe_by_slab("h100/probe_slabs_f6f4718.json", "a8row_slab")
-    assert len(cells) == 8
-    declined = []
-    for (m, n, k), by_slab in cells.items():
-        slab = configs.mma_a8_slab(m, n, k, True, DEV)
-        if not slab and m > registry.CUDA_MMA_A8_ROW_MAX_M:
-            declined.append((m, n, k))
-            continue
-        assert by_slab[slab] >= 0.97 * max(by_slab.values()), (m, n, k, slab, by_slab)
-    assert declined == [(96, 6144, 1024)]
+    picks = _a8_probe_pick("h100/probe_slabs_f6f4718.json")
+    assert len(picks) == 8
+    for cell, pick, best in picks:
+        assert pick is not None and pick >= 0.97 * best, (cell, pick, best)
+
+
+def test_int8_sets_of_rows_at_m_65_to_128_follow_their_probe(monkeypatch):
+    """probe_slabs.py at a368b8d (one H100; int8 rows quantized beforehand) on the four 0.6B layers at
+    M = 65, 80, 96, 112 and 128, each slab with the kernel's own sets of rows a CTA and with 1, 2 and 4
+    forced. The rules take a slab at every point, and what they pick was the fastest or within 3%. On
+    the N >= K layers that is more sets than the kernel's own, which took at least 25% longer at every
+    point there; on the N < K layers the kernel's own sets."""
+    _hopper_ready(monkeypatch)
+    own_sets = _probe_by_slab("h100/probe_slabs_mid_a368b8d.json", "a8row_slab")
+    picks = _a8_probe_pick("h100/probe_slabs_mid_a368b8d.json")
+    assert len(picks) == 20
+    for (m, n, k), pick, best in picks:
+        assert pick is not None and pick >= 0.97 * best, ((m, n, k), pick, best)
+        sets = configs.mma_a8_row_groups(m, n, k, True, DEV)
+        assert (sets != -1) == (n >= k), (m, n, k, sets)
+        if sets != -1:
+            own = max(own_sets[(m, n, k)].values())
+            assert pick >= 1.25 * own, ((m, n, k), pick, own)
 
 
 def test_token_slabs_take_their_layers_through_the_registry(monkeypatch):
     """The registry gives cuda_mma and cuda_mma_a8 the calls their slab rules take, past the one-launch
-    M (16; 32 with block scales, 64 with row scales), and passes the slab to the op; the other layers,
-    block scales, v1 weights and GPUs before Hopper keep the old bounds. Forced, they take any M in
-    slabs of 16."""
+    M (16; 32 with block scales, 64 with row scales), and passes the slab (and, to cuda_mma_a8, the sets
+    of rows a CTA) to the op; the other layers, block scales, v1 weights and GPUs before Hopper keep the
+    old bounds. Forced, they take any M in slabs of 16."""
     _hopper_ready(monkeypatch)
-    seen = []
+    seen, sets = [], []
     monkeypatch.setattr(torch.ops.ternop, "linear_cuda_mma", lambda *a, slab: seen.append(slab))
-    monkeypatch.setattr(torch.ops.ternop, "linear_cuda_mma_a8", lambda *a, slab: seen.append(slab))
+    monkeypatch.setattr(torch.ops.ternop, "linear_cuda_mma_a8",
+                        lambda *a, row_groups, slab: (seen.append(slab), sets.append(row_groups)))
     monkeypatch.setattr(registry, "_contiguous", lambda call: (call.x, call.weight_packed, call.weight_scale, None))
     monkeypatch.setattr(registry, "_quantized", lambda call: (call.x, None, call.weight_packed, call.weight_scale, None))
     a16 = dict(bits=16, layout="a16", scales=8)
@@ -843,7 +879,11 @@ def test_token_slabs_take_their_layers_through_the_registry(monkeypatch):
     registry._run_cuda_mma(_shape_call(9, k=1024, n=6144, **a16))
     registry._run_cuda_mma_a8(_shape_call(128, k=3072, n=1024))
     registry._run_cuda_mma_a8(_shape_call(2, k=3072, n=1024))
-    assert seen == [8, 0, 32, 0]
+    registry._run_cuda_mma_a8(_shape_call(100, k=1024, n=4096))
+    registry._run_cuda_mma_a8(_shape_call(72, k=1024, n=6144))
+    registry._run_cuda_mma_a8(_shape_call(100, k=1024, n=6144, scales=8))  # block scales: neither
+    assert seen == [8, 0, 32, 0, 32, 16, 0]
+    assert sets == [-1, -1, 2, 4, -1]
     assert registry._can_cuda_mma(_shape_call(24, k=2048, n=1024, **a16)) == (True, "")
     assert registry._cuda_mma_slab(_shape_call(24, k=2048, n=1024, **a16)) == 16
     assert registry._cuda_mma_slab(_shape_call(40, k=3072, n=1024, **a16)) == 8
@@ -863,9 +903,10 @@ def test_token_slabs_take_their_layers_through_the_registry(monkeypatch):
     assert registry._can_cuda_mma_a8(_shape_call(128, k=3072, n=1024)) == (True, "")
     assert registry._can_cuda_mma_a8(_shape_call(96, k=2048, n=1024)) == (True, "")  # past mma_a8_declines' K
     assert registry._cuda_mma_a8_slab(_shape_call(24, k=1024, n=4096, scales=8)) == 0  # block scales
-    assert registry._cuda_mma_a8_slab(_shape_call(96, **a8)) == 16
+    assert registry._cuda_mma_a8_slab(_shape_call(96, **a8)) == 32
     assert registry._cuda_mma_a8_slab(_shape_call(12, **a8)) == 8
-    ok, why = registry._can_cuda_mma_a8(_shape_call(97, **a8))
+    assert registry._can_cuda_mma_a8(_shape_call(128, **a8)) == (True, "")
+    ok, why = registry._can_cuda_mma_a8(_shape_call(129, **a8))
     assert not ok and "configs.mma_a8_slab" in why
     assert registry._cuda_mma_a8_slab(_shape_call(24, k=4096, n=4096)) == 0
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_mma")
@@ -882,7 +923,8 @@ def test_token_slabs_take_their_layers_through_the_registry(monkeypatch):
 def test_token_slab_rules_give_only_slabs_the_ops_take(monkeypatch):
     """Over every M to 256 and a spread of layers, the rules return 0 or a slab the op takes (8 or 16;
     int8 also 32) that is smaller than M, never one past their bucket's largest M, and nothing on other
-    GPUs or with block scales."""
+    GPUs or with block scales. The int8 sets of rows a CTA are the kernel's own (-1), or 2 or 4 where an
+    int8 slab is taken."""
     _sm90(monkeypatch)
     layers = [(n, k) for n in (256, 1024, 2048, 3072, 4096, 6144, 14336) for k in (512, 1024, 2048, 3072, 4096)]
     seen = set()
@@ -892,7 +934,12 @@ def test_token_slab_rules_give_only_slabs_the_ops_take(monkeypatch):
             assert a16 in (0, 8, 16) and (a16 == 0 or (a16 < m <= configs.SLAB_A16_MAX_M)), (m, n, k, a16)
             assert a8 in (0, 8, 16, 32) and (a8 == 0 or (a8 < m <= configs.SLAB_A8_MAX_M)), (m, n, k, a8)
             assert configs.mma_a8_slab(m, n, k, False, DEV) == 0
-            seen.update({("a16", a16), ("a8", a8)})
-    assert seen == {("a16", 0), ("a16", 8), ("a16", 16), ("a8", 0), ("a8", 8), ("a8", 16), ("a8", 32)}
+            sets = configs.mma_a8_row_groups(m, n, k, True, DEV)
+            assert sets == -1 or (sets in (2, 4) and a8 > 0), (m, n, k, a8, sets)
+            assert configs.mma_a8_row_groups(m, n, k, False, DEV) == -1
+            seen.update({("a16", a16), ("a8", a8), ("sets", sets)})
+    assert seen == {("a16", 0), ("a16", 8), ("a16", 16), ("a8", 0), ("a8", 8), ("a8", 16), ("a8", 32),
+                    ("sets", -1), ("sets", 2), ("sets", 4)}
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 9))
     assert configs.mma_slab(24, 1024, 2048, DEV) == 0 and configs.mma_a8_slab(24, 1024, 2048, True, DEV) == 0
+    assert configs.mma_a8_slab(96, 4096, 1024, True, DEV) == 0 and configs.mma_a8_row_groups(96, 4096, 1024, True, DEV) == -1

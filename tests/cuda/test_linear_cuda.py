@@ -795,7 +795,7 @@ def test_mma_token_slabs_equal_a_launch_of_each_slab(slab, row_groups):
 
 
 @pytest.mark.parametrize("slab", [8, 16, 32])
-@pytest.mark.parametrize("row_groups", [-1, 1, 8])
+@pytest.mark.parametrize("row_groups", [-1, 1, 2, 4, 8])
 def test_mma_a8_token_slabs_equal_the_reference(slab, row_groups):
     """The int8 small-M kernel over ceil(M / slab) token slabs of one, two or four tiles: with row
     scales bit for bit the CPU reference, with block scales within the W2A8 tolerance of the fp64 spec
@@ -816,6 +816,28 @@ def test_mma_a8_token_slabs_equal_the_reference(slab, row_groups):
         assert bad.numel() == 0, (m, k, n, len(bad), bad[:4].tolist())
         ref = linear_a8_fp64(x, packed, scale, bias, "a8")
         assert _rel_err(y_block, ref) <= 8e-3, (m, k, n, _rel_err(y_block, ref))
+
+
+def test_dispatched_int8_slabs_with_more_sets_of_rows_equal_the_reference():
+    """At M = 65..128 on the N >= K layers of the 0.6B family the dispatcher runs int8 row-scaled calls
+    on cuda_mma_a8 in token slabs with 2 or 4 sets of 16 rows a CTA (configs.mma_a8_row_groups, Hopper):
+    bit for bit the CPU reference, with a bias, ragged last slabs included."""
+    from ternop.cuda import configs
+
+    for m, k, n in [(65, 1024, 4096), (100, 1024, 4096), (128, 1024, 4096), (72, 1024, 6144), (113, 1024, 6144)]:
+        v1, _ = _weights(n, k)
+        row = _row_scale(n)
+        packed = layouts.repack(v1, "a8")
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _skip_unavailable("cuda_mma_a8", x[:16], packed, row, bits=8, layout="a8")
+        if configs.mma_a8_row_groups(m, n, k, True, x.device) == -1:
+            pytest.skip("the rule sets the rows a CTA on Hopper only")
+        assert backends.select(_call(x, packed, row, bits=8, layout="a8")).name == "cuda_mma_a8", (m, k, n)
+        y = ternop.linear(x, packed, row, bias, activation_bits=8, layout="a8")
+        want = ternop.linear(x.cpu(), packed.cpu(), row.cpu(), bias.cpu(), activation_bits=8, layout="a8")
+        bad = (y.cpu() != want).nonzero()
+        assert bad.numel() == 0, (m, k, n, len(bad), bad[:4].tolist())
 
 
 def test_small_m_kernels_refuse_a_slab_they_do_not_take():
