@@ -266,35 +266,39 @@ def _a8_shared_x_slab(m: int, n: int, k: int) -> tuple[int, int] | None:
     return (16 if m <= 80 else 32), 4
 
 
-def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
-    """Tokens a CTA of cuda_mma_a8 (0: one CTA column over all of M, the kernels of M <= 64), where
-    the slabbed kernel was the fastest in its run (see above)."""
+def mma_a8_launch(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> tuple[int, int]:
+    """(slab, sets) of a cuda_mma_a8 launch where the slabbed kernel was the fastest in its run (see
+    above): the tokens a CTA takes (0: one CTA column over all of M, the kernels of M <= 64) and the
+    sets of 16 weight rows a CTA owns (-1: the kernel's own choice, small_m_split). One call gives
+    both, so a launch reads the device's architecture and the layer's rule once."""
     if m <= 8 or not row_scales or arch_key(device) != "sm90":
-        return 0
+        return 0, -1
     nk = n * k
     if m <= 16:
-        return 8 if nk <= SLAB_MAX_NK else 0
+        return (8 if nk <= SLAB_MAX_NK else 0), -1
     if m <= 32:
-        return 16 if nk <= SLAB_A8_SHORT_MAX_NK else 0
+        return (16 if nk <= SLAB_A8_SHORT_MAX_NK else 0), -1
     shared = _a8_shared_x_slab(m, n, k)
     if shared:
-        return shared[0]
+        return shared
     if nk > SLAB_MAX_NK:
-        return 0
+        return 0, -1
     if m <= 48:
-        return 16
+        return 16, -1
     if n < k:
-        return 16 if m <= 96 else 32 if m <= 128 else 0
-    return 32 if m <= 64 else 0
+        return (16 if m <= 96 else 32 if m <= 128 else 0), -1
+    return (32 if m <= 64 else 0), -1
+
+
+def mma_a8_slab(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
+    """Tokens a CTA of cuda_mma_a8 (0: one CTA column over all of M), as mma_a8_launch gives them."""
+    return mma_a8_launch(m, n, k, row_scales, device)[0]
 
 
 def mma_a8_row_groups(m: int, n: int, k: int, row_scales: bool, device: torch.device) -> int:
     """Sets of 16 weight rows a CTA of cuda_mma_a8 owns (-1: the kernel's own choice, small_m_split),
-    where more sets sharing a slab's x were the fastest (see above)."""
-    if not row_scales or arch_key(device) != "sm90":
-        return -1
-    shared = _a8_shared_x_slab(m, n, k)
-    return shared[1] if shared else -1
+    where more sets sharing a slab's x were the fastest, as mma_a8_launch gives them."""
+    return mma_a8_launch(m, n, k, row_scales, device)[1]
 
 
 SM90: Table = {

@@ -442,14 +442,19 @@ def _mma_a8_column_max_m(row_scales: bool) -> int:
     return CUDA_MMA_A8_ROW_MAX_M if row_scales else CUDA_MMA_A8_MAX_M
 
 
-def _cuda_mma_a8_slab(call: backends.LinearCall) -> int:
-    """The tokens a CTA of cuda_mma_a8 takes for this call: the slab of configs.mma_a8_slab, else 0 (one
-    CTA column over all of M); forced past the one-column kernels' M, 16."""
+def _cuda_mma_a8_launch(call: backends.LinearCall) -> tuple[int, int]:
+    """(slab, sets of 16 rows a CTA) of cuda_mma_a8 for this call: configs.mma_a8_launch's, else a slab
+    of 0 (one CTA column over all of M); forced past the one-column kernels' M, a slab of 16."""
     row_scales = call.row_scales
-    slab = configs.mma_a8_slab(call.m, call.n, call.k, row_scales, call.x.device)
+    slab, sets = configs.mma_a8_launch(call.m, call.n, call.k, row_scales, call.x.device)
     if not slab and call.m > _mma_a8_column_max_m(row_scales) and _forced("cuda_mma_a8"):
         slab = 16  # M is tested first: the environment is read only past the one-column kernels' M
-    return slab
+    return slab, sets
+
+
+def _cuda_mma_a8_slab(call: backends.LinearCall) -> int:
+    """The tokens a CTA of cuda_mma_a8 takes for this call (_cuda_mma_a8_launch)."""
+    return _cuda_mma_a8_launch(call)[0]
 
 
 def _can_cuda_mma_a8(call: backends.LinearCall) -> tuple[bool, str]:
@@ -611,8 +616,7 @@ def _run_cuda_mma(call: backends.LinearCall) -> torch.Tensor:
 
 
 def _run_cuda_mma_a8(call: backends.LinearCall) -> torch.Tensor:
-    slab = _cuda_mma_a8_slab(call)  # the rules set the sets of rows a CTA only in slabs
-    row_groups = configs.mma_a8_row_groups(call.m, call.n, call.k, call.row_scales, call.x.device) if slab else -1
+    slab, row_groups = _cuda_mma_a8_launch(call)  # the rules set the sets of rows a CTA only in slabs
     return torch.ops.ternop.linear_cuda_mma_a8(*_quantized(call), call.dtype, row_groups=row_groups, slab=slab)
 
 
