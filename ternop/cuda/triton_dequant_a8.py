@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ternop.cuda.triton_decode import decode_a8
-from ternop.cuda.triton_fused import grouped_tile
+from ternop.cuda.triton_fused import grouped_tile, load_rows
 
 
 @triton.jit
@@ -72,14 +72,13 @@ def int8_gemm_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
                      GROUP_M: tl.constexpr):
     """out [M, N] = (q [M, K] @ w [N, K]^T) scaled per row and token; K a multiple of BLOCK_K.
 
-    Rows past M and N read row 0 instead of masking, so the loads pipeline unconditionally;
-    their results are never stored.
+    Rows past M and N read other rows instead of masking (``triton_fused.load_rows``).
     """
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_x = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    rows_x = load_rows(offs_m, M)
+    rows_w = load_rows(offs_n, N)
     q_ptrs = q_ptr + rows_x[:, None] * stride_qm + tl.arange(0, BLOCK_K)[None, :]
     w_ptrs = w_ptr + rows_w[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)

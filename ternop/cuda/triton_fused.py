@@ -45,19 +45,29 @@ def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 
 @triton.jit
+def load_rows(offs, count):
+    """The rows a tile loads for ``offs``: its own where they exist, and for each one past ``count``
+    the row ``offs % count`` instead of a masked load, so the loads pipeline unconditionally (their
+    results are never stored). Spread over the real rows rather than all reading row 0, the spare
+    loads of a partial tile stay off a single line of L2, which every program of the launch would
+    otherwise read at the same K offset (benchmarks/results/h100/bench_linear_a8row_4096_mid_6b4e389.json:
+    4096->4096 at M = 160 took 2.5x as long as at M = 128 in triton_a8)."""
+    return (offs % count).to(tl.int64)
+
+
+@triton.jit
 def _operands(a_ptr, w_ptr, s_ptr, M, N, stride_am, stride_wn, stride_sn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """This program's tile and the pointers to its first K block: activations [BLOCK_M, 128],
     words [BLOCK_N, 8], scales [BLOCK_N]. Program (tile, s) of a split-K launch starts at block s.
 
-    Rows past M and N read row 0 instead of masking, so the loads pipeline unconditionally;
-    their results are never stored.
+    Rows past M and N read other rows instead of masking (``load_rows``).
     """
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_a = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    rows_w = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    rows_a = load_rows(offs_m, M)
+    rows_w = load_rows(offs_n, N)
     kb0 = tl.program_id(1)
     a_ptrs = a_ptr + rows_a[:, None] * stride_am + kb0 * 128 + tl.arange(0, 128)[None, :]
     w_ptrs = w_ptr + rows_w[:, None] * stride_wn + kb0 * 8 + tl.arange(0, 8)[None, :]
