@@ -470,8 +470,12 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # - K >= 4096, M = 65..128: ahead or level on each (the down-projections, split in two: 1.20-1.22x
 #   against 1.12x).
 # - K >= 4096, M = 129..2047: ahead or level (0.82-1.19x against 0.78-1.08x) but where the CTAs fill
-#   their last wave on 132 SMs to under 80% (4096->6144 at M = 256 and 512, 192 CTAs in two waves:
-#   0.80x against 0.93x and 1.04x).
+#   the last of two or more waves on 132 SMs to under 80% (4096->6144 at M = 256 and 512, 192 CTAs in
+#   two waves: 0.80x against 0.93x and 1.04x). In one wave it is ahead even short of 80% full: the
+#   96 CTAs of 4096->4096 at M = 160 and 192 ran 16.33 and 16.44 us against triton_a8's 38.17 and
+#   32.18 (an H100, bench_linear.py --below-floors --backends cuda_wgmma_a8,triton_a8 at 6b4e389,
+#   results/h100/bench_linear_a8row_4096_mid_6b4e389.json), whose partial tiles then all read one row
+#   for their spare rows (triton_fused.load_rows). The e084e64 run above had no M between 128 and 256.
 # - K < 4096 (the 0.6B layers): behind at M <= 128 (0.44-1.05x against 0.56-1.14x); on the N = 1024
 #   layers ahead at M = 256..1024 (0.47-0.64x against 0.44-0.58x, split where M <= 512), on the
 #   K = 1024 ones behind from M = 512.
@@ -656,7 +660,7 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_e
     if m <= 128 or m >= 2048:
         return ""
     waves = -(-ctas // sms)
-    if 5 * ctas < 4 * waves * sms:
+    if waves > 1 and 5 * ctas < 4 * waves * sms:
         return (f"row scales at M={m}, N={n}: {ctas} CTAs on {sms} SMs fill their last wave to under 80%; "
                 f"triton_a8 is faster there")  # fmt: skip
     return ""
