@@ -479,10 +479,19 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # - K < 4096 (the 0.6B layers): behind at M <= 128 (0.44-1.05x against 0.56-1.14x); on the N = 1024
 #   layers ahead at M = 256..1024 (0.47-0.64x against 0.44-0.58x, split where M <= 512), on the
 #   K = 1024 ones behind from M = 512.
+# - K < 4096 between M = 128 and 256, the points the e084e64 run did not have (an H100 at b3b2dec,
+#   after triton_a8's spare rows stopped reading one row: results/h100/sweep_a8_b3b2dec.json at
+#   M = 160, 192, 224 and results/h100/ab_load_rows_new_r{1,2}_b3b2dec.json at 256, us a call with
+#   the quantization): ahead on the wide layers to M = 256 (1024->4096 8.98-9.64 against
+#   10.85-12.09, 1024->6144 11.94-12.92 against 12.35-14.06), behind from 320 (12.40 against 10.04,
+#   16.26 against 12.02); on the N = 1024 layers ahead to M = 192 (3072->1024 11.19 and 11.26
+#   against 13.19 and 13.33, 2048->1024 10.28 and 10.40 against 10.54 and 10.70), behind or level
+#   at 224 (11.87 against 10.69, 13.50 against 13.44). WGMMA_A8_ROW_SHORT_K_MAX_M holds the bounds.
 # From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
 # Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
 WGMMA_A8_ROW_MIN_K = 4096
+WGMMA_A8_ROW_SHORT_K_MAX_M = {"wide": 256, "narrow": 192}  # from M = 129; "narrow": N <= 1024
 
 # Calls outside CUDA graphs. Everything above is GPU time under CUDA graphs (bench_linear), where a
 # call's host work is gone at replay. vLLM captures batches up to 512 tokens (its default
@@ -643,6 +652,8 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_e
     if tile == 5:  # the shared-memory tile: ahead of triton_a8 at every point it ran in 72e4256's run (above)
         return ""
     if k < WGMMA_A8_ROW_MIN_K:
+        if 128 < m <= WGMMA_A8_ROW_SHORT_K_MAX_M["narrow" if n <= 1024 else "wide"]:
+            return ""
         if n <= 1024 and 256 <= m < 2048 and triton_early:
             # Started early, triton_a8 overtook it here: 2048->1024 at M = 256 and 512 in
             # results/h100/bench_linear_early_on_4d94a8d.json, 10.77 and 13.07 us against 12.18 and 14.57.
@@ -651,7 +662,9 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_e
         if n <= 1024 and 256 <= m < 2048:
             return ""
         return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "
-                f"but on N <= 1024 at M = 256..2047 and where the shared-memory tile runs")  # fmt: skip
+                f"but at M = 129..{WGMMA_A8_ROW_SHORT_K_MAX_M['wide']} (N > 1024) or "
+                f"129..{WGMMA_A8_ROW_SHORT_K_MAX_M['narrow']} (N <= 1024), on N <= 1024 at M = 256..2047, "
+                f"and where the shared-memory tile runs")  # fmt: skip
     if m <= 64:
         if 10 * ctas < 7 * sms:
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "

@@ -555,7 +555,7 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
     # inside a graph the table leaves it to triton_a8.
     assert registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024)) == (True, "")
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2049")
-    assert "but on N <= 1024 at M = 256..2047" in registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024))[1]
+    assert "on N <= 1024 at M = 256..2047" in registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024))[1]
     for bad in ("lots", "-1"):
         monkeypatch.setenv("TERNOP_GRAPH_MAX_M", bad)
         with pytest.raises(ValueError, match="TERNOP_GRAPH_MAX_M"):
@@ -965,3 +965,32 @@ def test_token_slab_rules_give_only_slabs_the_ops_take(monkeypatch):
     monkeypatch.setitem(configs._CAPABILITY_CACHE, 0, (8, 9))
     assert configs.mma_slab(24, 1024, 2048, DEV) == 0 and configs.mma_a8_slab(24, 1024, 2048, True, DEV) == 0
     assert configs.mma_a8_slab(96, 4096, 1024, True, DEV) == 0 and configs.mma_a8_row_groups(96, 4096, 1024, True, DEV) == -1
+
+
+def test_wgmma_a8_row_rule_takes_short_k_layers_between_m_128_and_256(monkeypatch):
+    """configs.wgmma_a8_row_declines on the four 0.6B layers (K < 4096) between M = 128 and 448, against
+    an H100 run with both kernels forced and row scales, after triton_a8's spare rows stopped
+    reading one row (M = 160..448 from sweep_a8_b3b2dec.json, M = 256 from the A/B run's new rounds):
+    at each point the rule's pick ran within 4% of the faster kernel, where the rule before left
+    M = 129..255 to triton_a8, which ran up to 1.25x as long on 1024->4096."""
+    _sm90(monkeypatch)
+    monkeypatch.delenv("TERNOP_PDL", raising=False)
+    monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
+    cells = _bench_cells("h100/sweep_a8_b3b2dec.json")
+    for r in (1, 2):  # M = 256 (not in the sweep): the mean of the A/B run's two new rounds
+        for cell, times in _bench_cells(f"h100/ab_load_rows_new_r{r}_b3b2dec.json").items():
+            if cell[0] == 256:
+                for impl, us in times.items():
+                    cells[cell][impl] = cells[cell].get(impl, 0.0) + us / 2
+    triton_row, wgmma_row = "backend:triton_a8[a8 row]", "backend:cuda_wgmma_a8[a8 row]"
+    points = {cell: times for cell, times in cells.items() if cell[2] < 4096 and cell[0] > 128}
+    assert sorted({m for m, _, _ in points}) == [160, 192, 224, 256, 320, 384, 448]
+    assert sorted({(n, k) for _, n, k in points}) == [(1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024)]
+    for (m, n, k), times in points.items():
+        early = configs.triton_a8_starts_early(m, k, DEV)
+        triton, wgmma = times[triton_row], times[wgmma_row]
+        picked = triton if configs.wgmma_a8_row_declines(m, n, k, DEV, early) else wgmma
+        assert picked <= 1.04 * min(triton, wgmma), (m, n, k, picked, triton, wgmma)
+    # The points the change moved, and by how much the old pick (triton_a8) was behind there.
+    moved = {cell: times[triton_row] / times[wgmma_row] for cell, times in points.items() if cell[0] <= 192}
+    assert max(moved.values()) > 1.2 and min(moved.values()) > 1.0, moved
