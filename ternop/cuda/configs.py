@@ -491,6 +491,15 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
 # Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
 WGMMA_A8_ROW_MIN_K = 4096
+# - K >= 4096 with N * K <= 2^24 (4096->4096 of the eight layers) at M = 96..128: triton_a8 ahead in
+#   every run that timed both: at M = 128 on an H100 0.86-0.95 of cuda_wgmma_a8's time in sixteen
+#   runs (15.0-16.2 us against 16.6-17.7; f6f4718, 6b4e389, b3b2dec and earlier), on an H200 0.99 in
+#   five (e084e64, f6e4460 and earlier) and 0.89 in one (04a635e); at M = 112 0.90 (an H100,
+#   bench_linear_slabs_7046454.json); at M = 96, since its spare rows read real rows, 0.86
+#   (results/h100/sweep_a8_b3b2dec.json: 14.71 us against 17.08; 1.02-1.04 before). Below M = 96 it
+#   was behind before that change (1.14-1.31 at M = 65 and 80) and has not run since.
+WGMMA_A8_ROW_SMALL_LAYER_NK = 1 << 24
+WGMMA_A8_ROW_SMALL_LAYER_M = (96, 128)
 WGMMA_A8_ROW_SHORT_K_MAX_M = {"wide": 256, "narrow": 192}  # from M = 129; "narrow": N <= 1024
 
 # Calls outside CUDA graphs. Everything above is GPU time under CUDA graphs (bench_linear), where a
@@ -670,6 +679,10 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_e
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "
                     f"of them; triton_a8 is faster there")  # fmt: skip
         return ""
+    lo, hi = WGMMA_A8_ROW_SMALL_LAYER_M
+    if lo <= m <= hi and n * k <= WGMMA_A8_ROW_SMALL_LAYER_NK:
+        return (f"row scales at M={m}, N * K = {n * k}: on layers with N * K <= {WGMMA_A8_ROW_SMALL_LAYER_NK} "
+                f"triton_a8 is faster at M = {lo}..{hi}")  # fmt: skip
     if m <= 128 or m >= 2048:
         return ""
     waves = -(-ctas // sms)
