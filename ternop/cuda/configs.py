@@ -497,7 +497,11 @@ WGMMA_A8_ROW_MIN_K = 4096
 #   five (e084e64, f6e4460 and earlier) and 0.89 in one (04a635e); at M = 112 0.90 (an H100,
 #   bench_linear_slabs_7046454.json); at M = 96, since its spare rows read real rows, 0.86
 #   (results/h100/sweep_a8_b3b2dec.json: 14.71 us against 17.08; 1.02-1.04 before). Below M = 96 it
-#   was behind before that change (1.14-1.31 at M = 65 and 80) and has not run since.
+#   was behind before that change (1.14-1.31 at M = 65 and 80) and has not run since. These times
+#   include the quantization of x and triton_a8's early start after it (TRITON_A8_EARLY_LIMITS);
+#   launched plainly it was still 0.91 at M = 128 (bench_linear_early_off_4d94a8d.json), the kernel
+#   alone ahead, which is what rows quantized beforehand (linear_q8) run; no run has timed those
+#   with triton_a8 forced.
 WGMMA_A8_ROW_SMALL_LAYER_NK = 1 << 24
 WGMMA_A8_ROW_SMALL_LAYER_M = (96, 128)
 WGMMA_A8_ROW_SHORT_K_MAX_M = {"wide": 256, "narrow": 192}  # from M = 129; "narrow": N <= 1024
