@@ -487,12 +487,8 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   16.26 against 12.02); on the N = 1024 layers ahead to M = 192 (3072->1024 11.19 and 11.26
 #   against 13.19 and 13.33, 2048->1024 10.28 and 10.40 against 10.54 and 10.70), behind or level
 #   at 224 (11.87 against 10.69, 13.50 against 13.44). WGMMA_A8_ROW_SHORT_K_MAX_M holds the bounds.
-# From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
-# sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
-# Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
-WGMMA_A8_ROW_MIN_K = 4096
-# - K >= 4096 with N * K <= 2^24 (4096->4096 of the eight layers) at M = 96..128: triton_a8 ahead in
-#   every run that timed both: at M = 128 on an H100 0.86-0.95 of cuda_wgmma_a8's time in sixteen
+# - K >= 4096 with N * K <= 2^24 (4096->4096 of the eight layers) at M = 96..128, where the M = 65..128
+#   item above does not hold: triton_a8 ahead in every run that timed both: at M = 128 on an H100 0.86-0.95 of cuda_wgmma_a8's time in sixteen
 #   runs (15.0-16.2 us against 16.6-17.7; f6f4718, 6b4e389, b3b2dec and earlier), on an H200 0.99 in
 #   five (e084e64, f6e4460 and earlier) and 0.89 in one (04a635e); at M = 112 0.90 (an H100,
 #   bench_linear_slabs_7046454.json); at M = 96, since its spare rows read real rows, 0.86
@@ -502,6 +498,10 @@ WGMMA_A8_ROW_MIN_K = 4096
 #   launched plainly it was still 0.91 at M = 128 (bench_linear_early_off_4d94a8d.json), the kernel
 #   alone ahead, which is what rows quantized beforehand (linear_q8) run; no run has timed those
 #   with triton_a8 forced.
+# From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
+# sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
+# Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
+WGMMA_A8_ROW_MIN_K = 4096
 WGMMA_A8_ROW_SMALL_LAYER_NK = 1 << 24
 WGMMA_A8_ROW_SMALL_LAYER_M = (96, 128)
 WGMMA_A8_ROW_SHORT_K_MAX_M = {"wide": 256, "narrow": 192}  # from M = 129; "narrow": N <= 1024

@@ -338,8 +338,9 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     the int8 Hopper kernel did not beat triton_a8 on the H200, so the dispatcher passes it over with
     that reason even where everything it needs is present; forcing it still runs it. With a scale
     per row it takes the K >= 4096 layers from M = 17 where its 64-token CTAs of 128 rows fill 70%
-    of the SMs (up to M = 64), at M = 65..128, and where its CTAs make one wave or leave no last wave
-    under 80% full (M = 129..2047); of the shorter layers, N <= 1024 at M = 256..2047."""
+    of the SMs (up to M = 64), at M = 65..128 (but 96..128 where N * K <= 2^24), and where its CTAs
+    make one wave or leave no last wave under 80% full (M = 129..2047); of the shorter layers, every
+    one at M = 129..192 (to 256 where N > 1024) and N <= 1024 at M = 256..2047."""
     _hopper_ready(monkeypatch)
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
     call = _shape_call
