@@ -476,6 +476,12 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   32.18 (an H100, bench_linear.py --below-floors --backends cuda_wgmma_a8,triton_a8 at 6b4e389,
 #   results/h100/bench_linear_a8row_4096_mid_6b4e389.json), whose partial tiles then all read one row
 #   for their spare rows (triton_fused.load_rows). The e084e64 run above had no M between 128 and 256.
+#   From K = 8192 (the down-projections) the rule does not hold: cuda_wgmma_a8 was ahead at every
+#   point of M = 257..2047 that timed both, those where the last wave is short included: 14336->4096 at
+#   M = 320 and 384 (160 and 192 CTAs) 0.94-0.95 of triton_a8's time in two H100 runs at b3b2dec
+#   (results/h100/sweep_a8_b3b2dec.json, ab_load_rows_new_r{1,2}_b3b2dec.json), and 0.62-0.80 at
+#   M = 448, 512 and 1024 there, in e084e64 and the H100 full runs (12288->4096 too). WGMMA_A8_ROW_
+#   LAST_WAVE_MAX_K bounds the last-wave rule.
 # - K < 4096 (the 0.6B layers): behind at M <= 128 (0.44-1.05x against 0.56-1.14x); on the N = 1024
 #   layers ahead at M = 256..1024 (0.47-0.64x against 0.44-0.58x, split where M <= 512), on the
 #   K = 1024 ones behind from M = 512.
@@ -502,6 +508,7 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
 # Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
 WGMMA_A8_ROW_MIN_K = 4096
+WGMMA_A8_ROW_LAST_WAVE_MAX_K = 8192  # the last-wave rule: K below this only
 WGMMA_A8_ROW_SMALL_LAYER_NK = 1 << 24
 WGMMA_A8_ROW_SMALL_LAYER_M = (96, 128)
 WGMMA_A8_ROW_SHORT_K_MAX_M = {"wide": 256, "narrow": 192}  # from M = 129; "narrow": N <= 1024
@@ -690,7 +697,7 @@ def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_e
     if m <= 128 or m >= 2048:
         return ""
     waves = -(-ctas // sms)
-    if waves > 1 and 5 * ctas < 4 * waves * sms:
+    if waves > 1 and k < WGMMA_A8_ROW_LAST_WAVE_MAX_K and 5 * ctas < 4 * waves * sms:
         return (f"row scales at M={m}, N={n}: {ctas} CTAs on {sms} SMs fill their last wave to under 80%; "
                 f"triton_a8 is faster there")  # fmt: skip
     return ""

@@ -1023,3 +1023,21 @@ def test_wgmma_a8_row_rule_leaves_4096_to_4096_at_m_96_to_128_to_triton(monkeypa
         assert "triton_a8 is faster at M = 96..128" in configs.wgmma_a8_row_declines(m, 4096, 4096, DEV)
     for m, n, k in ((95, 4096, 4096), (129, 4096, 4096), (128, 4096, 14336), (128, 14336, 4096), (96, 28672, 4096)):
         assert configs.wgmma_a8_row_declines(m, n, k, DEV) == "", (m, n, k)
+
+
+def test_wgmma_a8_row_last_wave_rule_stops_at_k_8192(monkeypatch):
+    """From K = 8192 cuda_wgmma_a8 was ahead of triton_a8 with row scales at every M = 257..2047 that
+    timed both, short last waves included (14336->4096 at M = 320 and 384, 160 and 192 CTAs, in two
+    H100 runs): the last-wave rule keeps to shorter K, where 4096->6144 (an H200, e084e64) still
+    has triton_a8 ahead."""
+    _sm90(monkeypatch)
+    for run in ("h100/sweep_a8_b3b2dec.json", "h100/ab_load_rows_new_r1_b3b2dec.json",
+                "h100/ab_load_rows_new_r2_b3b2dec.json", "h200/bench_linear_a8_mid_below_floors_e084e64.json"):
+        for (m, n, k), times in _bench_cells(run).items():
+            if k >= 8192 and 256 < m < 2048:
+                triton, wgmma = times["backend:triton_a8[a8 row]"], times["backend:cuda_wgmma_a8[a8 row]"]
+                assert wgmma < triton and configs.wgmma_a8_row_declines(m, n, k, DEV) == "", (run, m, n, k)
+    for m in (257, 320, 384, 640):
+        assert configs.wgmma_a8_row_declines(m, 4096, 14336, DEV) == "", m
+        assert "last wave" in configs.wgmma_a8_row_declines(m, 4096, 4096, DEV), m
+    assert "last wave" in configs.wgmma_a8_row_declines(256, 6144, 4096, DEV)
