@@ -480,8 +480,8 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   point of M = 257..2047 that timed both, those where the last wave is short included: 14336->4096 at
 #   M = 320 and 384 (160 and 192 CTAs) 0.94-0.95 of triton_a8's time in two H100 runs at b3b2dec
 #   (results/h100/sweep_a8_b3b2dec.json, ab_load_rows_new_r{1,2}_b3b2dec.json), and 0.62-0.80 at
-#   M = 448, 512 and 1024 there, in e084e64 and the H100 full runs (12288->4096 too). WGMMA_A8_ROW_
-#   LAST_WAVE_MAX_K bounds the last-wave rule.
+#   M = 448, 512 and 1024 there, in e084e64 and the H100 full runs (12288->4096 too).
+#   WGMMA_A8_ROW_LAST_WAVE_MAX_K bounds the last-wave rule.
 # - K < 4096 (the 0.6B layers): behind at M <= 128 (0.44-1.05x against 0.56-1.14x); on the N = 1024
 #   layers ahead at M = 256..1024 (0.47-0.64x against 0.44-0.58x, split where M <= 512), on the
 #   K = 1024 ones behind from M = 512.
@@ -494,16 +494,16 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   against 13.19 and 13.33, 2048->1024 10.28 and 10.40 against 10.54 and 10.70), behind or level
 #   at 224 (11.87 against 10.69, 13.50 against 13.44). WGMMA_A8_ROW_SHORT_K_MAX_M holds the bounds.
 # - K >= 4096 with N * K <= 2^24 (4096->4096 of the eight layers) at M = 96..128, where the M = 65..128
-#   item above does not hold: triton_a8 ahead in every run that timed both: at M = 128 on an H100 0.86-0.95 of cuda_wgmma_a8's time in sixteen
-#   runs (15.0-16.2 us against 16.6-17.7; f6f4718, 6b4e389, b3b2dec and earlier), on an H200 0.99 in
-#   five (e084e64, f6e4460 and earlier) and 0.89 in one (04a635e); at M = 112 0.90 (an H100,
-#   bench_linear_slabs_7046454.json); at M = 96, since its spare rows read real rows, 0.86
-#   (results/h100/sweep_a8_b3b2dec.json: 14.71 us against 17.08; 1.02-1.04 before). Below M = 96 it
-#   was behind before that change (1.14-1.31 at M = 65 and 80) and has not run since. These times
-#   include the quantization of x and triton_a8's early start after it (TRITON_A8_EARLY_LIMITS);
-#   launched plainly it was still 0.91 at M = 128 (bench_linear_early_off_4d94a8d.json), the kernel
-#   alone ahead, which is what rows quantized beforehand (linear_q8) run; no run has timed those
-#   with triton_a8 forced.
+#   item above does not hold: triton_a8 ahead in every run that timed both: at M = 128 on an H100
+#   0.86-0.95 of cuda_wgmma_a8's time in sixteen runs (15.0-16.2 us against 16.6-17.7; f6f4718,
+#   6b4e389, b3b2dec and earlier), on an H200 0.99 in five (e084e64, f6e4460 and earlier) and 0.89
+#   in one (04a635e); at M = 112 0.90 (an H100, bench_linear_slabs_7046454.json); at M = 96, since
+#   its spare rows read real rows, 0.86 (results/h100/sweep_a8_b3b2dec.json: 14.71 us against 17.08;
+#   1.02-1.04 before). Below M = 96 it was behind before that change (1.14-1.31 at M = 65 and 80) and
+#   has not run since. These times include the quantization of x and triton_a8's early start after
+#   it (TRITON_A8_EARLY_LIMITS); launched plainly it was still 0.91 at M = 128
+#   (bench_linear_early_off_4d94a8d.json), the kernel alone ahead, which is what rows quantized
+#   beforehand (linear_q8) run; no run has timed those with triton_a8 forced.
 # From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
 # Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
