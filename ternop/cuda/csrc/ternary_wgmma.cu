@@ -27,8 +27,8 @@
 // token r sits at chunk c ^ (r % 8) of its row, rows of eight tokens form 1024-byte atoms
 // (the descriptor's stride), and every half starts 1024-byte aligned. Stepping k by 16 inside a
 // half adds 32 bytes to the descriptor's start address; the hardware applies the swizzle to the
-// address it forms. TMA writes exactly this layout (SWIZZLE_128B, boxes of 64 k x BT tokens) and
-// zero-fills the tokens past M. The first sweeps staged x with cp.async from every thread instead
+// address it forms. TMA writes exactly this layout (SWIZZLE_128B, boxes of 64 k x BT tokens; a
+// short last tile loads boxes of its own tokens only, x_tile_map). The first sweeps staged x with cp.async from every thread instead
 // and ran at 0.45-0.7x of cuBLAS at large M whatever the rows per CTA or the wgmma depth.
 //
 // Pipelining inside a block. The A fragments cycle through kDepth register sets: the warpgroup
@@ -252,14 +252,29 @@ struct WgTile {
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 
-// Issues the loads of scale block kb into a stage: x [BT x 128] as two boxes of the tensor map
-// (thread 0; the tensor-memory-access unit swizzles them and zero-fills tokens past M), and the
-// codes [kRows x 32 bytes] with cp.async (every thread).
+// The tensor map a token tile loads x through, and the bytes a block of it brings: a short last
+// tile (M % BT tokens) has its own map, whose boxes hold exactly its tokens. Through the full map
+// the tensor-memory-access unit would zero-fill the rest of each box; the sweep at b3b2dec
+// (results/h100/sweep_a16_b3b2dec.json) had such tiles slower than full ones on the same grid
+// (4096->14336: 52.2 us at M = 160, 44.1 us at 192). The stage rows past M keep stale data; they
+// feed only the accumulators of tokens past M, which no store writes.
 template <typename Cfg>
-__device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const CUtensorMap* x_map, int m0,
-                                           const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N, int kb) {
+__device__ __forceinline__ const CUtensorMap* x_tile_map(const CUtensorMap* x_map, const CUtensorMap* x_tail_map,
+                                                         int m0, int M, int& x_bytes) {
+  const int tokens = min(Cfg::BT, M - m0);
+  x_bytes = 2 * 128 * tokens;
+  return tokens < Cfg::BT ? x_tail_map : x_map;
+}
+
+// Issues the loads of scale block kb into a stage: x [BT x 128] as two boxes of the tensor map
+// (thread 0; the tensor-memory-access unit swizzles them), and the codes [kRows x 32 bytes] with
+// cp.async (every thread). x_map is the tile's map (x_tile_map), x_bytes the bytes its two boxes hold.
+template <typename Cfg>
+__device__ __forceinline__ void load_stage(uint32_t stage, uint32_t bar, const CUtensorMap* x_map, int x_bytes,
+                                           int m0, const uint8_t* __restrict__ wp, int64_t row_bytes, int n0, int N,
+                                           int kb) {
   if (threadIdx.x == 0) {
-    mbar_expect(bar, Cfg::kXBytes);
+    mbar_expect(bar, x_bytes);
     tma_load(stage, x_map, kb * 256, m0, bar);  // bytes: 128 k of 2 bytes a block
     tma_load(stage + Cfg::kXHalfBytes, x_map, kb * 256 + 128, m0, bar);
   }
@@ -386,8 +401,8 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 // leaves before the epilogue.
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
-    ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                         const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias,
+    ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap x_tail_map,
+                         const __grid_constant__ CUtensorMap w_map, const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias,
                          T* __restrict__ out, float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
@@ -423,6 +438,8 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
   const int kb_begin = blockIdx.z * blocks_per_split;
   const int count = max(0, min(blocks_per_split, blocks - kb_begin));
   const int64_t row_bytes = K / 4;
+  int x_bytes;
+  const CUtensorMap* xm = x_tile_map<Cfg>(&x_map, &x_tail_map, m0, M, x_bytes);
   // The epilogue sums the splits of K in a cluster (else it stores fp32 partials, or the tile).
   const bool cluster_sum = partial == nullptr && gridDim.z > 1;
 
@@ -438,9 +455,9 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
         if (i >= kStages) mbar_wait(empty0 + 8 * slot, (i / kStages - 1) & 1);
         const uint32_t stage = base + slot * Cfg::kStageBytes, bar = bar0 + 8 * slot;
         const int kb = kb_begin + i;
-        mbar_expect(bar, Cfg::kXBytes + Cfg::kWBytes);
-        tma_load(stage, &x_map, kb * 256, m0, bar);  // bytes: 128 k of 2 bytes a block
-        tma_load(stage + Cfg::kXHalfBytes, &x_map, kb * 256 + 128, m0, bar);
+        mbar_expect(bar, x_bytes + Cfg::kWBytes);
+        tma_load(stage, xm, kb * 256, m0, bar);  // bytes: 128 k of 2 bytes a block
+        tma_load(stage + Cfg::kXHalfBytes, xm, kb * 256 + 128, m0, bar);
         tma_load(stage + Cfg::kXBytes, &w_map, kb * 32, n0, bar);  // rows past N read as zero
       }
     }
@@ -475,7 +492,8 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
 #pragma unroll
       for (int s = 0; s < kStages - 2; ++s) {
         if (s < count)
-          load_stage<Cfg>(base + s * Cfg::kStageBytes, bar0 + 8 * s, &x_map, m0, wp, row_bytes, n0, N, kb_begin + s);
+          load_stage<Cfg>(base + s * Cfg::kStageBytes, bar0 + 8 * s, xm, x_bytes, m0, wp, row_bytes, n0, N,
+                          kb_begin + s);
         cp_async_commit();
       }
     }
@@ -490,8 +508,8 @@ __global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
         __syncthreads();  // block i has landed for every thread; block i - 2's slot is free everywhere
         const int next = i + kStages - 2;
         if (next < count)
-          load_stage<Cfg>(base + (next % kStages) * Cfg::kStageBytes, bar0 + 8 * (next % kStages), &x_map, m0, wp,
-                          row_bytes, n0, N, kb_begin + next);
+          load_stage<Cfg>(base + (next % kStages) * Cfg::kStageBytes, bar0 + 8 * (next % kStages), xm, x_bytes, m0,
+                          wp, row_bytes, n0, N, kb_begin + next);
         cp_async_commit();
       }
       uint32_t sp[MT][2];
@@ -619,8 +637,11 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   auto kernel = ternary_wgmma_kernel<T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  CUtensorMap x_map, w_map = {};
+  CUtensorMap x_map, x_tail_map, w_map = {};
   err = x_tensor_map(&x_map, x, ldx * 2, M, int64_t{K} * 2, Cfg::BT);
+  if (err != cudaSuccess) return err;
+  const int tail = M % Cfg::BT;  // tokens of a short last tile
+  err = x_tensor_map(&x_tail_map, x, ldx * 2, M, int64_t{K} * 2, tail > 0 ? tail : Cfg::BT);
   if (err != cudaSuccess) return err;
   if constexpr (Cfg::kWS) {  // the producer warp loads the codes by TMA too
     err = codes_tensor_map(&w_map, wp, N, K, Cfg::kRows);
@@ -632,7 +653,7 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   cudaLaunchAttribute cluster;
   const cudaLaunchConfig_t config = wgmma_config<Cfg>(grid, stream, splits > 1 && workspace == nullptr, cluster);
   float* partial = splits > 1 ? workspace : nullptr;
-  err = cudaLaunchKernelEx(&config, kernel, x_map, w_map, wp, ws, bias, out, partial, M, N, K, per_split);
+  err = cudaLaunchKernelEx(&config, kernel, x_map, x_tail_map, w_map, wp, ws, bias, out, partial, M, N, K, per_split);
   if (err != cudaSuccess || partial == nullptr) return err;
   return launch_split_k_reduce(workspace, bias, out, M, N, splits, stream);
 }
