@@ -120,9 +120,7 @@ __device__ __forceinline__ void load_stage(uint8_t* stage, const T* __restrict__
   for (int j = 0; j < Cfg::BM * 16 / Cfg::kThreads; ++j) {
     const int c = threadIdx.x + j * Cfg::kThreads;
     const int r = c / 16, chunk = c % 16;
-    // Spare tokens of a short last tile read other tokens' rows (each its own), not all the last
-    // one: the copies of one row serialise in the memory system (triton_fused.load_rows measured it).
-    const int m = (m0 + r) % M;
+    const int m = min(m0 + r, M - 1);
     const T* src = x + m * ldx + kb * 128 + chunk * 8;
     cp_async16(xs + r * kXRowBytes + ((chunk ^ (r & 7)) * 16), src);
   }
