@@ -256,8 +256,9 @@ constexpr int kConsumerRegs = 232;
 // tile (M % BT tokens) has its own map, whose boxes hold exactly its tokens. Through the full map
 // the tensor-memory-access unit would zero-fill the rest of each box; the sweep at b3b2dec
 // (results/h100/sweep_a16_b3b2dec.json) had such tiles slower than full ones on the same grid
-// (4096->14336: 52.2 us at M = 160, 44.1 us at 192). The stage rows past M keep stale data; they
-// feed only the accumulators of tokens past M, which no store writes.
+// (4096->14336: 52.2 us at M = 160, 44.1 us at 192); with this map such tiles took 0.72-0.91 of
+// their time (results/h200/ab_x_tail_summary_dbf36d5.log). The stage rows past M keep stale data;
+// they feed only the accumulators of tokens past M, which no store writes.
 template <typename Cfg>
 __device__ __forceinline__ const CUtensorMap* x_tile_map(const CUtensorMap* x_map, const CUtensorMap* x_tail_map,
                                                          int m0, int M, int& x_bytes) {
