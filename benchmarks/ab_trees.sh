@@ -9,7 +9,8 @@
 # the sources' digest), so the first run of each takes a minute or two longer.
 #
 # Results: $OUT (default benchmarks/results/ab)/bench_linear_{old,new}_r{1,2}_<commit>.json and .log,
-# stamped with OLD_COMMIT and this checkout's commit ($TERNOP_BENCH_COMMIT if set).
+# stamped with OLD_COMMIT and this checkout's commit as benchmarks/stamp.py gives it ($TERNOP_BENCH_COMMIT
+# if set, else HEAD, marked "-dirty" where tracked code differs from it).
 set -euo pipefail
 if [ $# -lt 2 ] || [ ! -d "$1/ternop" ]; then
   echo "usage: bash benchmarks/ab_trees.sh OLD_TREE OLD_COMMIT [bench_linear.py arguments...]" >&2
@@ -19,7 +20,7 @@ fi
 old_tree=$(cd "$1" && pwd)
 old_commit=$2
 shift 2
-new_commit=${TERNOP_BENCH_COMMIT:-$(git rev-parse --short HEAD)}
+new_commit=$(python benchmarks/stamp.py)  # $TERNOP_BENCH_COMMIT, else HEAD with "-dirty" for changed code
 OUT=${OUT:-benchmarks/results/ab}
 mkdir -p "$OUT"
 run() {  # tag, package root, commit, round

@@ -38,7 +38,9 @@ def test_stamp_is_head_on_a_clean_tree_and_marks_changed_code(repo, monkeypatch)
     import stamp
 
     head = _run(repo, "git", "rev-parse", "HEAD")
+    short = _run(repo, "git", "rev-parse", "--short", "HEAD")
     assert stamp.git_commit() == head
+    assert stamp.git_commit(short=True) == short
     # A result written or rewritten by the run, and untracked files, leave the stamp alone.
     (repo / "benchmarks" / "results" / "old.json").write_text('{"new": 1}\n')
     (repo / "benchmarks" / "results" / "new.json").write_text("{}\n")
@@ -47,6 +49,10 @@ def test_stamp_is_head_on_a_clean_tree_and_marks_changed_code(repo, monkeypatch)
     # Changed code is not HEAD's code.
     (repo / "kernel.cu").write_text("// v2\n")
     assert stamp.git_commit() == f"{head}-dirty"
+    # Run as a script (ab_trees.sh names its files after it): the short form, marked the same way.
+    script = subprocess.run([sys.executable, str(repo / "benchmarks" / "stamp.py")], cwd=repo, check=True,
+                            capture_output=True, text=True)
+    assert script.stdout.strip() == f"{short}-dirty"
     # Named by hand where the copy's metadata cannot say.
     monkeypatch.setenv("TERNOP_BENCH_COMMIT", "abc1234")
     assert stamp.git_commit() == "abc1234"
