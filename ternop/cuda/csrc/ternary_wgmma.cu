@@ -28,8 +28,9 @@
 // (the descriptor's stride), and every half starts 1024-byte aligned. Stepping k by 16 inside a
 // half adds 32 bytes to the descriptor's start address; the hardware applies the swizzle to the
 // address it forms. TMA writes exactly this layout (SWIZZLE_128B, boxes of 64 k x BT tokens; a
-// short last tile loads boxes of its own tokens only, x_tile_map). The first sweeps staged x with cp.async from every thread instead
-// and ran at 0.45-0.7x of cuBLAS at large M whatever the rows per CTA or the wgmma depth.
+// short last tile loads boxes of its own tokens only, x_tile_map). The first sweeps staged x with
+// cp.async from every thread instead and ran at 0.45-0.7x of cuBLAS at large M whatever the rows
+// per CTA or the wgmma depth.
 //
 // Pipelining inside a block. The A fragments cycle through kDepth register sets: the warpgroup
 // decodes step s + 1 while the wgmmas of up to kDepth - 1 earlier steps run; wait_group
@@ -403,8 +404,9 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kBlockThreads, Cfg::kCtasPerSm)
     ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap x_tail_map,
-                         const __grid_constant__ CUtensorMap w_map, const uint8_t* __restrict__ wp, const __half* __restrict__ ws, const T* __restrict__ bias,
-                         T* __restrict__ out, float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
+                         const __grid_constant__ CUtensorMap w_map, const uint8_t* __restrict__ wp,
+                         const __half* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ out,
+                         float* __restrict__ partial, int M, int N, int K, int blocks_per_split) {
 #if !TERNOP_HAS_WGMMA
   __trap();  // not an sm_90a build: the registry never launches it
 #endif
