@@ -643,9 +643,13 @@ cudaError_t launch_wgmma(const T* x, int64_t ldx, const uint8_t* wp, const __hal
   CUtensorMap x_map, x_tail_map, w_map = {};
   err = x_tensor_map(&x_map, x, ldx * 2, M, int64_t{K} * 2, Cfg::BT);
   if (err != cudaSuccess) return err;
-  const int tail = M % Cfg::BT;  // tokens of a short last tile
-  err = x_tensor_map(&x_tail_map, x, ldx * 2, M, int64_t{K} * 2, tail > 0 ? tail : Cfg::BT);
-  if (err != cudaSuccess) return err;
+  const int tail = M % Cfg::BT;  // tokens of a short last tile; with none the kernel never reads its map
+  if (tail > 0) {
+    err = x_tensor_map(&x_tail_map, x, ldx * 2, M, int64_t{K} * 2, tail);
+    if (err != cudaSuccess) return err;
+  } else {
+    x_tail_map = x_map;  // no second encoding on the host
+  }
   if constexpr (Cfg::kWS) {  // the producer warp loads the codes by TMA too
     err = codes_tensor_map(&w_map, wp, N, K, Cfg::kRows);
     if (err != cudaSuccess) return err;
