@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -246,15 +248,17 @@ def _hopper_ready(monkeypatch):
     monkeypatch.setattr(registry, "_module", lambda name: (object(), ""))
 
 
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results"
+
+
 def _bench_cells(path: str, field: str = "us") -> dict:
     """A committed bench_linear run (``path`` under benchmarks/results/) as {(M, N, K): {impl: us}}, or
     another of its rows' fields (``speedup_vs_bf16``)."""
     import collections
     import json
-    from pathlib import Path
 
     cells = collections.defaultdict(dict)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results" / path
+    run = RESULTS / path
     for row in json.loads(run.read_text())["results"]:
         cells[(row["M"], row["N"], row["K"])][row["impl"]] = row[field]
     return cells
@@ -465,12 +469,11 @@ def test_a8_fused_rule_picks_the_faster_path_of_its_run(monkeypatch):
     the four 8B-class layers to the pair. Without the early start (TERNOP_PDL=0, or no sm_90) the
     fused kernel keeps every layer."""
     import json
-    from pathlib import Path
 
     _sm90(monkeypatch)
     monkeypatch.delenv("TERNOP_PDL", raising=False)
     monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h100/bench_linear_pdl_on_cf1403c.json"
+    run = RESULTS / "h100/bench_linear_pdl_on_cf1403c.json"
     times = {(row["N"], row["K"], row["impl"]): row["us"] for row in json.loads(run.read_text())["results"] if row["M"] == 1}
     layers = sorted({(n, k) for n, k, _ in times})
     assert len(layers) == 8
@@ -572,11 +575,10 @@ def test_eager_a8_row_rule_picks_the_faster_path_of_its_probe(monkeypatch):
     kernel's shared-memory tile; where that tile runs now, the kernel takes the call whatever the rule
     says (configs.wgmma_a8_smem_takes), and the probe's times of the kernel are not the tile's."""
     import json
-    from pathlib import Path
 
     _hopper_ready(monkeypatch)
     monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_a8_3070b64.json"
+    run = RESULTS / "h200/probe_host_call_a8_3070b64.json"
     points = ruled = tiled = 0
     for row in json.loads(run.read_text())["results"]:
         m, n, k = row["M"], row["N"], row["K"]
@@ -655,11 +657,10 @@ def test_eager_a16_rule_picks_the_faster_path_of_its_probe(monkeypatch):
     backend to cuda_wgmma (the N = 1024 layers at 2048), the table's took 2.0-2.4x as long; above the
     bound (16384) the table's cuda_dequant finished first on every layer."""
     import json
-    from pathlib import Path
 
     monkeypatch.delenv("TERNOP_GRAPH_MAX_M", raising=False)
     monkeypatch.setattr(configs, "_engine_graph_max_m", None)
-    run = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/probe_host_call_24815a1.json"
+    run = RESULTS / "h200/probe_host_call_24815a1.json"
     moved = kept = 0
     for row in json.loads(run.read_text())["results"]:
         m, n, k = row["M"], row["N"], row["K"]
@@ -1001,16 +1002,11 @@ def test_wgmma_a8_row_rule_leaves_4096_to_4096_at_m_96_to_128_to_triton(monkeypa
     cuda_wgmma_a8 with row scales in every committed run that timed both at M = 128 (H100 and H200),
     and at 96 once its spare rows read real rows (sweep_a8_b3b2dec.json); the larger K >= 4096 layers
     keep the Hopper kernel there."""
-    import glob
-    from pathlib import Path
-
     _sm90(monkeypatch)
-    results = Path(__file__).resolve().parents[2] / "benchmarks/results"
     ratios = []
-    for path in sorted(glob.glob(str(results / "h*/*.json"))):
-        rel = str(Path(path).relative_to(results))
+    for path in sorted(RESULTS.glob("h*/*.json")):
         try:
-            cells = _bench_cells(rel)
+            cells = _bench_cells(str(path.relative_to(RESULTS)))
         except (KeyError, TypeError, ValueError):
             continue  # not a bench_linear run
         times = cells.get((128, 4096, 4096), {})
