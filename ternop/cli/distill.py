@@ -78,6 +78,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "sum over all of K, docs/KERNELS.md; starts from --init optimal or absmean)")
     parser.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                         help="keep modules matching PATTERN dense (repeat --skip for more patterns)")
+    parser.add_argument("--keep-dense", choices=["none", "auto"], default="none",
+                        help="auto: before training, rank the layers around --rank-from CKPT by the mean cosine "
+                             "each one gains dense (visible wiki texts), keep dense the best per byte that fit "
+                             "--size-budget; the other layers are then distilled around them (docs/QUALITY.md)")
+    parser.add_argument("--rank-from", default=None, metavar="CKPT",
+                        help="with keep dense auto: a ternary checkpoint of BASE made with the same --skip, e.g. "
+                             "an earlier all-ternary run's DST; its trained biases and norms go into the dense model "
+                             "the layers are ranked in")
+    parser.add_argument("--size-budget", type=float, default=None, metavar="S",
+                        help="with keep dense auto: the trained layers, dense ones counted in fp16, take at most S "
+                             "of their fp16 bytes (e.g. 0.25; all ternary is 0.133)")
+    parser.add_argument("--max-mrr-loss", type=float, default=None, metavar="X",
+                        help="with keep dense auto: stop adding dense layers once the visible wiki MRR is within X "
+                             "of the dense model's (default 0: add every layer that fits and gains)")
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
                         help="the mode to train for and write as quantization_config.activation_bits: fp (16, "
                              "activations as given) or int8 (8: each ternary layer's input is rounded per token to "
@@ -117,6 +131,66 @@ def _bad_number(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _bad_keep_dense(args: argparse.Namespace) -> str | None:
+    """What is wrong with the --keep-dense options, before any model is read, or None."""
+    from ternop.cli.mixed import check_size_budget
+
+    given = [flag for flag, value in (("--rank-from", args.rank_from), ("--size-budget", args.size_budget),
+                                      ("--max-mrr-loss", args.max_mrr_loss)) if value is not None]  # fmt: skip
+    if args.keep_dense != "auto":
+        return f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --keep-dense auto" if given else None
+    if args.rank_from is None or args.size_budget is None:
+        return ("--keep-dense auto needs --rank-from CKPT (a ternary checkpoint of BASE, e.g. an earlier "
+                "all-ternary run) and --size-budget S")  # fmt: skip
+    if args.init_from:
+        return ("--keep-dense auto trains the layers it leaves ternary from --init; --init-from would need "
+                "those of CKPT to be exactly them (give the chosen layers as --skip instead)")  # fmt: skip
+    if args.max_mrr_loss is not None and args.max_mrr_loss < 0:
+        return f"--max-mrr-loss must be >= 0, got {args.max_mrr_loss}"
+    try:
+        check_size_budget(args.size_budget)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def keep_dense(args: argparse.Namespace, state) -> list[str]:
+    """The module names --keep-dense auto keeps dense: those a resumed run's state recorded, else
+    the chooser's around --rank-from (printed with the --skip flags that repeat the choice)."""
+    import torch
+
+    from ternop.cli import mixed
+
+    if args.resume and Path(state).exists():
+        saved = torch.load(state, map_location="cpu").get("skip")
+        if saved is None:
+            raise ValueError(f"the state in {state} does not record its dense layers; resume without --keep-dense "
+                             "auto, with the --skip flags the run printed")  # fmt: skip
+        dense = [p for p in saved if p not in args.skip]
+        print(f"keep-dense auto: resuming with the {len(dense)} dense layers the run chose", file=sys.stderr)
+        return dense
+    loss = args.max_mrr_loss or 0.0
+    choice = mixed.choose_around(args.base, args.rank_from, tuple(args.skip), loss, progress=not args.quiet,
+                                 size_budget=args.size_budget)  # fmt: skip
+    shapes = _shapes(args.base, args.skip)
+    share = mixed.size_share(shapes, set(choice.dense))
+    verdict = "met" if choice.met else f"not met within the size budget {args.size_budget}"
+    print(f"keep-dense auto: {len(choice.dense)} of {len(shapes)} layers dense, {share:.3f} of their fp16 bytes; "
+          f"visible wiki MRR around {args.rank_from}: dense {choice.base['wiki_mrr']:.4f}, all ternary "
+          f"{choice.all_ternary['wiki_mrr']:.4f}, chosen {choice.final['wiki_mrr']:.4f} (max loss {loss}: {verdict})")
+    if choice.dense:
+        print("  the same layers as flags: " + " ".join(f"--skip {name}" for name in choice.dense))
+    return list(choice.dense)
+
+
+def _shapes(base, skip) -> dict[str, tuple[int, int]]:
+    from ternop.hf import load_model
+    from ternop.selection import select_linears
+
+    targets, _ = select_linears(load_model(base, causal=False), tuple(skip))
+    return {name: tuple(layer.weight.shape) for name, layer in targets.items()}
+
+
 def config_from_args(args: argparse.Namespace) -> DistillConfig:
     known = {f.name for f in fields(DistillConfig)}
     values = {k: v for k, v in vars(args).items() if k in known}
@@ -131,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
     from ternop.checkpoint import check_destination, model_folder, safetensors_files
     from ternop.quant.distill import default_state_path, run
 
-    bad = _bad_number(args)
+    bad = _bad_number(args) or _bad_keep_dense(args)
     if bad is None and args.scales == "row" and args.init == "calibrated" and not args.init_from:
         bad = "--scales row starts from --init optimal or absmean (calibration fits a scale per block)"
     if bad:
@@ -145,10 +219,14 @@ def main(args: argparse.Namespace) -> int:
             print("ternop distill: error: --init-from and DST are one folder; write the new run elsewhere",
                   file=sys.stderr)  # fmt: skip
             return 2
+    if args.keep_dense == "auto":
+        safetensors_files(model_folder(args.rank_from))
     check_destination(args.base, args.dst, args.force)
-    cfg = config_from_args(args)
-    texts = read_texts(args.data)
     state = args.state or default_state_path(args.dst)
+    texts = read_texts(args.data)
+    if args.keep_dense == "auto":
+        args.skip = [*args.skip, *keep_dense(args, state)]
+    cfg = config_from_args(args)
     if not args.quiet:
         print(f"ternop distill: resumable state in {state}" + ("" if args.keep_state else " (removed when done)"),
               file=sys.stderr)  # fmt: skip

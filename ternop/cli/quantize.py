@@ -62,11 +62,7 @@ def main(args: argparse.Namespace) -> int:
         from ternop.cli import mixed
 
         # Every check that needs no model runs before minutes of measuring.
-        if args.size_budget is not None and not 0 < args.size_budget <= 1:
-            raise ValueError(f"--size-budget must be a share in (0, 1], got {args.size_budget}")
-        if args.size_budget is not None and args.size_budget < mixed.ALL_TERNARY_SHARE:
-            raise ValueError(f"--size-budget {args.size_budget} is below the all-ternary size, "
-                             f"{mixed.ALL_TERNARY_SHARE:.3f} of fp16")  # fmt: skip
+        mixed.check_size_budget(args.size_budget)
         check_not_quantized(Path(args.src))
         check_destination(Path(args.src), args.dst, args.force)
         if quantizer is None:

@@ -191,9 +191,10 @@ def _trainable(student: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def _save_state(path: Path, step: int, opt, student, trainable: set[str], bits: int,
-                scales: str = "block") -> None:  # fmt: skip
+                scales: str = "block", skip: tuple[str, ...] = ()) -> None:  # fmt: skip
     tmp = path.with_suffix(".tmp")
     torch.save({"step": step, "optimizer": opt.state_dict(), "activation_bits": bits, "scales": scales,
+                "skip": list(skip),
                 "student": {k: v for k, v in student.state_dict().items() if k in trainable}}, tmp)  # fmt: skip
     tmp.replace(path)
 
@@ -270,6 +271,11 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
             f"the state in {state_path} was trained with --scales {state.get('scales', 'block')}, not "
             f"{args.scales}; resume with the same --scales, or start again without --resume"
         )
+    if state is not None and "skip" in state and set(state["skip"]) != set(args.skip):
+        raise ValueError(
+            f"the state in {state_path} was trained with the dense layers (--skip) {state['skip']}, not "
+            f"{list(args.skip)}; resume with the same --skip, or start again without --resume"
+        )
     weights = Weights(cos=args.cos_weight, rel=args.rel_weight, rel_temp=args.rel_temp, hidden=args.hidden_weight,
                       hidden_layers=args.hidden_layers)
     sampler = Sampler(texts, args.batch_size, args.mix, args.seed)
@@ -339,7 +345,7 @@ def run(base, dst, texts: list[str], args: DistillConfig) -> dict:
                 bar.total = total
             last = step == min(total, stop_at)
             if step % args.save_every == 0 or last:
-                _save_state(state_path, step, opt, student, {n for n, _ in params}, bits, args.scales)
+                _save_state(state_path, step, opt, student, {n for n, _ in params}, bits, args.scales, args.skip)
             if step % args.log_every == 0 or last:
                 means = {k: float(v) / n_sums for k, v in sums.items()}
                 bar.set_postfix({k: f"{v:.4f}" for k, v in means.items()}, refresh=False)

@@ -14,7 +14,10 @@ and the mean cosine to the fp embeddings, :mod:`ternop.cli.mixed`). Then:
 
 With a byte budget (``cost``: the bytes each layer adds when kept dense, ``budget``: the most
 they may add up to), the ranking is by gain per byte, layers that gain nothing are left out, and
-a layer that would overrun the budget is passed over for the next one that fits.
+a layer that would overrun the budget is passed over for the next one that fits. With ``fill``
+the layers that gain nothing stay in the order too, last, so the budget fills up: for a model
+that is trained around its dense layers afterwards (``ternop distill --keep-dense auto``), where
+a layer's gain before training is only an order and the budget is the bound.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class DenseChoice:
 
 def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Callable[[nn.Module], dict[str, float]],
                  *, max_loss: float, metric: str = "wiki_mrr", rank_by: str = "mean_cosine",
-                 cost: dict[str, int] | None = None, budget: int | None = None,
+                 cost: dict[str, int] | None = None, budget: int | None = None, fill: bool = False,
                  progress: Callable[[str], None] | None = None) -> DenseChoice:  # fmt: skip
     """Chooses the layers of ``ternary`` (module name -> dequantized weight ``[N, K]``) to keep dense.
 
@@ -89,7 +92,7 @@ def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Ca
             order = [name for name, _ in ranking]
         else:
             ranking.sort(key=lambda x: -x[1] / max(cost[x[0]], 1))
-            order = [name for name, gain in ranking if gain > 0]
+            order = [name for name, gain in ranking if gain > 0 or fill]
         trials, chosen, final, spent = [], [], full, 0
         for name in order:
             if budget is not None:

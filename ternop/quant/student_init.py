@@ -52,9 +52,9 @@ def initial_values(student, tokenizer, texts, init: str, skip, calib_tokens: int
     return out
 
 
-def checkpoint_init(student: nn.Module, ckpt, targets: dict[str, nn.Linear],
-                    scales: str = "block") -> tuple[dict, dict[str, torch.Tensor]]:  # fmt: skip
-    """The start that a ternary v1 checkpoint of the student's base gives (``--init-from``).
+def checkpoint_init(student: nn.Module, ckpt, targets: dict[str, nn.Linear], scales: str = "block",
+                    flag: str = "--init-from") -> tuple[dict, dict[str, torch.Tensor]]:  # fmt: skip
+    """The start that a ternary v1 checkpoint of the student's base gives (``--init-from``; errors name ``flag``).
 
     Returns (name -> (values int8 [N, K], scale fp32 [N, K/128], or [N, 1] for row scales) for
     the selected linears ``targets``; student tensor name -> tensor for every other tensor of the
@@ -67,7 +67,7 @@ def checkpoint_init(student: nn.Module, ckpt, targets: dict[str, nn.Linear],
     from ternop.format import validate
     from ternop.hf.names import match_names
 
-    where = f"--init-from {str(ckpt)!r}"
+    where = f"{flag} {str(ckpt)!r}"
     if read_quant_config(ckpt) is None:
         raise ValueError(f"{where}: not a ternary checkpoint (its config has no quantization_config)")
     layers = load_ternary_layers(ckpt)

@@ -80,3 +80,15 @@ def test_a_budget_is_checked():
         choose_dense(model, ternary, lambda m: {}, max_loss=0.1, cost={n: 1 for n in DAMAGE}, budget=-1)
     with pytest.raises(ValueError, match=r"none for \['3'\]"):
         choose_dense(model, ternary, lambda m: {}, max_loss=0.1, cost={"0": 1, "1": 1, "2": 1}, budget=5)
+
+
+def test_fill_takes_the_layers_that_gain_nothing_too_while_they_fit(monkeypatch):
+    monkeypatch.setitem(DAMAGE, "0", 0.0)  # dense or ternary, layer "0" measures the same
+    model = _model()
+    ternary = {n: torch.sign(model.get_submodule(n).weight.detach()) for n in DAMAGE}
+    cost = {"0": 1, "1": 10, "2": 1, "3": 4}
+    kw = dict(max_loss=0.0, metric="mrr", rank_by="smooth", cost=cost, budget=6)
+    assert choose_dense(model, ternary, _measure_of(model, ternary), **kw).dense == ["2", "3"]
+    filled = choose_dense(model, ternary, _measure_of(model, ternary), fill=True, **kw)
+    assert filled.dense == ["2", "3", "0"] and not filled.met  # "1" still does not fit
+    assert filled.final["mrr"] == pytest.approx(0.8)
