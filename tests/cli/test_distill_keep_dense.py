@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ternop.cli import main
+from tests.cli.mixed_measure import dense_layers, fake_measure_fn
 
 
 @pytest.fixture(scope="module")
@@ -35,29 +36,6 @@ def all_ternary(tiny_fp, data_file, tmp_path_factory):
     dst = tmp_path_factory.mktemp("keep_dense_first") / "first"
     assert main(_argv(tiny_fp, dst, data_file)) == 0
     return dst
-
-
-def _dense_layers(path) -> list[str]:
-    from ternop.checkpoint import read_quant_config
-
-    return [m for m in read_quant_config(path)["modules_to_not_convert"] if m.startswith("encoder.")]
-
-
-# Two layers whose ternary form costs 0.1 MRR each (the others cost nothing or little): a measurement the test controls.
-SENSITIVE = {"encoder.layer.0.attention.self.query": 0.1, "encoder.layer.1.output.dense": 0.1,
-             "encoder.layer.1.intermediate.dense": 0.001}  # fmt: skip
-
-
-def _fake_measure_fn(tokenizer, pooling, max_len):
-    dense = {}
-
-    def measure(model):
-        if not dense:  # the first call sees the dense model
-            dense.update({n: model.get_submodule(n).weight.detach().clone() for n in SENSITIVE})
-        lost = sum(c for n, c in SENSITIVE.items() if not torch.equal(model.get_submodule(n).weight, dense[n]))
-        return {"wiki_mrr": 0.9 - lost, "mean_cosine": 1.0 - lost}
-
-    return measure
 
 
 def test_choose_around_ranks_in_the_checkpoint_trained_model(tiny_fp, all_ternary, monkeypatch):
@@ -94,7 +72,7 @@ def test_keep_dense_auto_trains_around_what_fits_the_budget(tiny_fp, all_ternary
     from ternop.checkpoint import iter_tensors, load_ternary_layers
     from ternop.cli import mixed
 
-    monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
+    monkeypatch.setattr(mixed, "_measure_fn", fake_measure_fn)
     rank = ["--keep-dense", "auto", "--rank-from", str(all_ternary)]
     # A 256x256 layer adds 113,664 bytes dense, a 512x256 one 227,328; all ternary is 278,528 of 2,097,152 in fp16.
     # The query is the best per byte; output.dense would overrun 0.25; of the layers that gain nothing, the first in
@@ -103,14 +81,14 @@ def test_keep_dense_auto_trains_around_what_fits_the_budget(tiny_fp, all_ternary
     assert main(_argv(tiny_fp, tight, data_file, *rank, "--size-budget", "0.25")) == 0
     out = capsys.readouterr().out
     chosen = ["encoder.layer.0.attention.self.query", "encoder.layer.0.attention.output.dense"]
-    assert _dense_layers(tight) == sorted(chosen)
+    assert dense_layers(tight) == sorted(chosen)
     assert "keep-dense auto: 2 of 12 layers dense, 0.241 of their fp16 bytes" in out
     assert "dense 0.9000, all ternary 0.6990, chosen 0.7990 (max loss 0.0: not met within the size budget 0.25)" in out
     assert "--skip encoder.layer.0.attention.self.query --skip encoder.layer.0.attention.output.dense" in out
     assert sorted(load_ternary_layers(tight)) == sorted(set(load_ternary_layers(all_ternary)) - set(chosen))
     roomy = tmp_path / "roomy"
     assert main(_argv(tiny_fp, roomy, data_file, *rank, "--size-budget", "0.3", "--max-mrr-loss", "0.01")) == 0
-    assert _dense_layers(roomy) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
+    assert dense_layers(roomy) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
     assert "chosen 0.8990 (max loss 0.01: met)" in capsys.readouterr().out
     # The dense layers trained with the rest (they start from the base model's weights).
     base, trained = dict(iter_tensors(tiny_fp)), dict(iter_tensors(roomy))
@@ -123,7 +101,7 @@ def test_keep_dense_auto_resumes_with_the_layers_it_chose(tiny_fp, all_ternary, 
     from ternop.checkpoint import iter_tensors
     from ternop.cli import mixed
 
-    monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
+    monkeypatch.setattr(mixed, "_measure_fn", fake_measure_fn)
     rank = ["--keep-dense", "auto", "--rank-from", str(all_ternary), "--size-budget", "0.19"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert main(_argv(tiny_fp, whole, data_file, *rank, "--steps", "3")) == 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ternop.cli import main
+from tests.cli.mixed_measure import SENSITIVE, dense_layers, fake_measure_fn
 
 
 @pytest.fixture(scope="module")
@@ -15,52 +15,29 @@ def tiny_fp(tmp_path_factory):
     return tiny_bert_wide(tmp_path_factory.mktemp("mixed") / "fp", seed=5)
 
 
-def _dense_layers(path) -> list[str]:
-    from ternop.checkpoint import read_quant_config
-
-    return [m for m in read_quant_config(path)["modules_to_not_convert"] if m.startswith("encoder.")]
-
-
-# Two layers whose rounding costs 0.1 MRR each (the others cost nothing): a measurement the test controls.
-SENSITIVE = {"encoder.layer.0.attention.self.query": 0.1, "encoder.layer.1.output.dense": 0.1,
-             "encoder.layer.1.intermediate.dense": 0.001}  # fmt: skip
-
-
-def _fake_measure_fn(tokenizer, pooling, max_len):
-    dense = {}
-
-    def measure(model):
-        if not dense:  # the first call sees the dense model
-            dense.update({n: model.get_submodule(n).weight.detach().clone() for n in SENSITIVE})
-        lost = sum(c for n, c in SENSITIVE.items() if not torch.equal(model.get_submodule(n).weight, dense[n]))
-        return {"wiki_mrr": 0.9 - lost, "mean_cosine": 1.0 - lost}
-
-    return measure
-
-
 def test_keep_dense_auto_keeps_the_fewest_sensitive_layers(tiny_fp, tmp_path, capsys, monkeypatch):
     from ternop.cli import mixed
 
-    monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
+    monkeypatch.setattr(mixed, "_measure_fn", fake_measure_fn)
     both = tmp_path / "both"
     assert main(["quantize", str(tiny_fp), str(both), "--keep-dense", "auto", "--max-mrr-loss", "0.05", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert _dense_layers(both) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
+    assert dense_layers(both) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
     # Two 256x256 and 512x256... layers as stored (fp32) and in fp16.
     assert "keep-dense auto: 2 layers dense (0.79 MB as stored, 0.39 MB in fp16)" in out and ": met" in out
     one = tmp_path / "one"
     assert main(["quantize", str(tiny_fp), str(one), "--keep-dense", "auto", "--max-mrr-loss", "0.15", "--quiet"]) == 0
-    assert len(_dense_layers(one)) == 1 and _dense_layers(one)[0] in SENSITIVE
+    assert len(dense_layers(one)) == 1 and dense_layers(one)[0] in SENSITIVE
     loose = tmp_path / "loose"
     assert main(["quantize", str(tiny_fp), str(loose), "--keep-dense", "auto", "--max-mrr-loss", "1", "--quiet"]) == 0
     assert "keep-dense auto: 0 layers dense (0.00 MB as stored" in capsys.readouterr().out
-    assert _dense_layers(loose) == []
+    assert dense_layers(loose) == []
 
 
 def test_size_budget_keeps_what_fits_best_per_byte(tiny_fp, tmp_path, capsys, monkeypatch):
     from ternop.cli import mixed
 
-    monkeypatch.setattr(mixed, "_measure_fn", _fake_measure_fn)
+    monkeypatch.setattr(mixed, "_measure_fn", fake_measure_fn)
     # 1,048,576 weights: all ternary is 278,528 bytes of 2,097,152 in fp16 (0.133). The query
     # (65,536 weights) adds 113,664 bytes dense, output.dense (131,072) adds 227,328.
     from ternop.format import packed_bytes
@@ -70,12 +47,12 @@ def test_size_budget_keeps_what_fits_best_per_byte(tiny_fp, tmp_path, capsys, mo
     assert main(["quantize", str(tiny_fp), str(tight), "--keep-dense", "auto", "--max-mrr-loss", "0.05",
                  "--size-budget", "0.19", "--quiet"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert _dense_layers(tight) == ["encoder.layer.0.attention.self.query"]
+    assert dense_layers(tight) == ["encoder.layer.0.attention.self.query"]
     assert "NOT met within the size budget 0.19" in out
     roomy = tmp_path / "roomy"
     assert main(["quantize", str(tiny_fp), str(roomy), "--keep-dense", "auto", "--max-mrr-loss", "0.05",
                  "--size-budget", "0.3", "--quiet"]) == 0  # fmt: skip
-    assert _dense_layers(roomy) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
+    assert dense_layers(roomy) == ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]
     assert ": met" in capsys.readouterr().out
 
 
