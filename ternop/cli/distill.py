@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of their fp16 bytes (e.g. 0.25; all ternary is 0.133)")
     parser.add_argument("--max-mrr-loss", type=float, default=None, metavar="X",
                         help="with keep dense auto: stop adding dense layers once the visible wiki MRR is within X "
-                             "of the dense model's (default 0: add every layer that fits and gains)")
+                             "of the dense model's (default 0: take layers while they fit the budget)")
     parser.add_argument("--activations", choices=list(ACTIVATIONS), default="fp",
                         help="the mode to train for and write as quantization_config.activation_bits: fp (16, "
                              "activations as given) or int8 (8: each ternary layer's input is rounded per token to "
@@ -170,9 +170,8 @@ def keep_dense(args: argparse.Namespace, state) -> list[str]:
         print(f"keep-dense auto: resuming with the {len(dense)} dense layers the run chose", file=sys.stderr)
         return dense
     loss = args.max_mrr_loss or 0.0
-    choice = mixed.choose_around(args.base, args.rank_from, tuple(args.skip), loss, progress=not args.quiet,
-                                 size_budget=args.size_budget)  # fmt: skip
-    shapes = _shapes(args.base, args.skip)
+    choice, shapes = mixed.choose_around(args.base, args.rank_from, tuple(args.skip), loss, progress=not args.quiet,
+                                         size_budget=args.size_budget)  # fmt: skip
     share = mixed.size_share(shapes, set(choice.dense))
     verdict = "met" if choice.met else f"not met within the size budget {args.size_budget}"
     print(f"keep-dense auto: {len(choice.dense)} of {len(shapes)} layers dense, {share:.3f} of their fp16 bytes; "
@@ -181,14 +180,6 @@ def keep_dense(args: argparse.Namespace, state) -> list[str]:
     if choice.dense:
         print("  the same layers as flags: " + " ".join(f"--skip {name}" for name in choice.dense))
     return list(choice.dense)
-
-
-def _shapes(base, skip) -> dict[str, tuple[int, int]]:
-    from ternop.hf import load_model
-    from ternop.selection import select_linears
-
-    targets, _ = select_linears(load_model(base, causal=False), tuple(skip))
-    return {name: tuple(layer.weight.shape) for name, layer in targets.items()}
 
 
 def config_from_args(args: argparse.Namespace) -> DistillConfig:

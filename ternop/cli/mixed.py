@@ -104,7 +104,8 @@ def choose(src, quantizer, skip, max_loss: float, progress: bool = True, size_bu
 
 
 def choose_around(base, ckpt, skip, max_loss: float, progress: bool = True, size_budget: float | None = None):
-    """DenseChoice (module names of ``base``'s model in ``choice.dense``) around the ternary checkpoint ``ckpt``.
+    """(DenseChoice, module name -> (N, K) of the ranked layers) around the ternary checkpoint ``ckpt``;
+    ``choice.dense`` holds module names of ``base``'s model.
 
     ``ckpt`` must make exactly the layers ternary that ``skip`` selects in ``base`` (the same
     ``--skip`` as the run that wrote it); its other tensors (trained biases and norms) go into the
@@ -121,7 +122,8 @@ def choose_around(base, ckpt, skip, max_loss: float, progress: bool = True, size
     model.load_state_dict(tensors, strict=False)
     ternary = {name: values.float() * scale.repeat_interleave(BLOCK_SIZE, dim=1)
                for name, (values, scale) in init.items()}  # fmt: skip
-    return _choose(base, model, ternary, max_loss, progress, size_budget, fill=True)
+    shapes = {name: tuple(w.shape) for name, w in ternary.items()}
+    return _choose(base, model, ternary, max_loss, progress, size_budget, fill=True), shapes
 
 
 def size_share(shapes: dict[str, tuple[int, int]], dense) -> float:

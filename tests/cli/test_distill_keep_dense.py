@@ -59,7 +59,8 @@ def test_choose_around_ranks_in_the_checkpoint_trained_model(tiny_fp, all_ternar
         return measure
 
     monkeypatch.setattr(mixed, "_measure_fn", fn)
-    choice = mixed.choose_around(str(tiny_fp), str(all_ternary), (), 0.0, progress=False, size_budget=0.3)
+    choice, shapes = mixed.choose_around(str(tiny_fp), str(all_ternary), (), 0.0, progress=False, size_budget=0.3)
+    assert len(shapes) == 12 and shapes["encoder.layer.1.output.dense"] == (256, 512)
     assert choice.met and choice.dense == []  # nothing to gain: the all-ternary model measures as the dense one
     (norm_dense, w_dense), (norm_tern, w_tern) = seen
     assert torch.equal(norm_dense, ckpt[norm]) and torch.equal(norm_tern, ckpt[norm])
