@@ -8,6 +8,11 @@ A skip pattern is a glob matched anywhere in the dotted module name: ``attention
 module whose name contains "attention", ``*.0.*`` skips block 0, ``lm_head`` skips the head.
 A pattern that matches no linear layer is an error: it is almost always a typo.
 
+Some layers are one layer to a serving engine: vLLM fuses ``q_proj``/``k_proj``/``v_proj`` (BERT's
+``query``/``key``/``value``) into ``qkv_proj`` and ``gate_proj``/``up_proj`` into ``gate_up_proj``,
+so their parts must be all ternary or all dense (docs/FORMAT.md). :func:`fused_groups` names them,
+for whatever chooses layers to keep dense.
+
 :class:`QuantizeReport` records what a conversion decided. It lives here, beside the rule,
 so that writing a checkpoint needs neither the op nor ``nn.Module`` conversion.
 """
@@ -26,6 +31,10 @@ from ternop.format import BLOCK_SIZE
 _BLOCK_RE = re.compile(r"(^|\.)(layers?|h|blocks?)\.\d+\.")
 
 DEFAULT_SKIP: tuple[str, ...] = ("lm_head",)
+
+# Sibling layers a serving engine runs as one (the attention input projections; the gated MLP's two).
+QKV_PARTS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
+MERGED_PARTS: tuple[tuple[str, ...], ...] = (("gate_proj", "up_proj"),)
 
 
 def matches_any(name: str, patterns) -> str | None:
@@ -62,6 +71,29 @@ def check_skip_patterns(skip: Iterable[str], linear_names: Iterable[str]) -> Non
             f"skip pattern{'s' if len(unused) > 1 else ''} {', '.join(map(repr, unused))} "
             f"match{'' if len(unused) > 1 else 'es'} no linear layer (names look like: {example})"
         )
+
+
+def fused_groups(names: Iterable[str]) -> list[tuple[str, ...]]:
+    """``names`` (dotted layer names) as the units a serving engine loads: the parts of a fused layer
+    together (every part present, in QKV_PARTS / MERGED_PARTS order), every other name alone; in
+    the order of each unit's first name."""
+    names = list(names)
+    present = set(names)
+    group_of: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        parent, _, last = name.rpartition(".")
+        for parts in (*QKV_PARTS, *MERGED_PARTS):
+            if last in parts:
+                members = tuple(f"{parent}.{p}" if parent else p for p in parts)
+                if all(m in present for m in members):
+                    group_of[name] = members
+    groups, seen = [], set()
+    for name in names:
+        unit = group_of.get(name, (name,))
+        if unit[0] not in seen:
+            seen.add(unit[0])
+            groups.append(unit)
+    return groups
 
 
 def select_linears(model: nn.Module, skip=()) -> tuple[dict[str, nn.Linear], dict[str, str]]:

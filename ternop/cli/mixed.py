@@ -64,10 +64,13 @@ def _embedding_model(src):
 def _choose(src, model, ternary: dict[str, torch.Tensor], max_loss: float, progress: bool, size_budget: float | None,
             fill: bool = False):  # fmt: skip
     """choose_dense over ``ternary`` (module name -> dequantized weight) on ``model``, measured with
-    ``src``'s tokenizer and pooling; with a size budget, each layer costs its fp16 bytes less its ternary ones."""
+    ``src``'s tokenizer and pooling; with a size budget, each layer costs its fp16 bytes less its ternary ones.
+    The layers a serving engine fuses (q/k/v, gate/up) are kept dense or ternary together, so that
+    vLLM can load the checkpoint."""
     from ternop.hf import load_tokenizer, pooling_mode
     from ternop.hf.embedding import max_seq_length
     from ternop.quant.mixed import choose_dense
+    from ternop.selection import fused_groups
 
     say = (lambda msg: print(f"[keep-dense] {msg}", file=sys.stderr, flush=True)) if progress else None
     cost = budget = None
@@ -78,7 +81,7 @@ def _choose(src, model, ternary: dict[str, torch.Tensor], max_loss: float, progr
     measure = _measure_fn(load_tokenizer(src), pooling_mode(src), max_seq_length(src))
     with torch.no_grad():
         return choose_dense(model, ternary, measure, max_loss=max_loss, cost=cost, budget=budget, fill=fill,
-                            progress=say)  # fmt: skip
+                            groups=fused_groups(ternary), progress=say)  # fmt: skip
 
 
 def choose(src, quantizer, skip, max_loss: float, progress: bool = True, size_budget: float | None = None):

@@ -18,11 +18,15 @@ a layer that would overrun the budget is passed over for the next one that fits.
 the layers that gain nothing stay in the order too, last, so the budget fills up: for a model
 that is trained around its dense layers afterwards (``ternop distill --keep-dense auto``), where
 a layer's gain before training is only an order and the budget is the bound.
+
+With ``groups`` (each layer in exactly one; :func:`ternop.selection.fused_groups` gives the layers
+a serving engine fuses, which must be all dense or all ternary) each group is ranked, costed and
+kept as one unit; ``ranking`` then names a group by its layers joined with " + ".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +51,7 @@ class DenseChoice:
 def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Callable[[nn.Module], dict[str, float]],
                  *, max_loss: float, metric: str = "wiki_mrr", rank_by: str = "mean_cosine",
                  cost: dict[str, int] | None = None, budget: int | None = None, fill: bool = False,
+                 groups: Sequence[Sequence[str]] | None = None,
                  progress: Callable[[str], None] | None = None) -> DenseChoice:  # fmt: skip
     """Chooses the layers of ``ternary`` (module name -> dequantized weight ``[N, K]``) to keep dense.
 
@@ -69,44 +74,63 @@ def choose_dense(model: nn.Module, ternary: dict[str, torch.Tensor], measure: Ca
         if tuple(w.shape) != tuple(dense_w[name].shape):
             raise ValueError(f"{name}: ternary weight {list(w.shape)} != dense {list(dense_w[name].shape)}")
     tern_w = {name: w.to(dense_w[name].dtype) for name, w in ternary.items()}
+    units = _units(list(ternary), groups)
+    unit_cost = {u: sum(cost[n] for n in members) for u, members in units.items()} if budget is not None else {}
 
-    def use(dense: set[str]) -> dict[str, float]:
+    def use(dense_units) -> dict[str, float]:
+        dense = {n for u in dense_units for n in units[u]}
         for name, layer in layers.items():
             layer.weight.data = dense_w[name] if name in dense else tern_w[name]
         return measure(model)
 
     try:
-        base = use(set(layers))
-        full = use(set())
+        base = use(units)
+        full = use(())
         bound = base[metric] - max_loss
         say(f"dense {metric} {base[metric]:.4f}, all ternary {full[metric]:.4f}; bound {bound:.4f}")
         if full[metric] >= bound:
             return DenseChoice([], True, metric, max_loss, base, full, full)
         ranking = []
-        for i, name in enumerate(layers):
-            gain = use({name})[rank_by] - full[rank_by]
-            ranking.append((name, gain))
-            say(f"sensitivity {i + 1}/{len(layers)}: {name} dense -> {rank_by} {gain:+.4f}")
+        for i, unit in enumerate(units):
+            gain = use((unit,))[rank_by] - full[rank_by]
+            ranking.append((unit, gain))
+            say(f"sensitivity {i + 1}/{len(units)}: {unit} dense -> {rank_by} {gain:+.4f}")
         if budget is None:
             ranking.sort(key=lambda x: -x[1])
-            order = [name for name, _ in ranking]
+            order = [unit for unit, _ in ranking]
         else:
-            ranking.sort(key=lambda x: -x[1] / max(cost[x[0]], 1))
-            order = [name for name, gain in ranking if gain > 0 or fill]
+            ranking.sort(key=lambda x: -x[1] / max(unit_cost[x[0]], 1))
+            order = [unit for unit, gain in ranking if gain > 0 or fill]
         trials, chosen, final, spent = [], [], full, 0
-        for name in order:
+        for unit in order:
             if budget is not None:
-                if spent + cost[name] > budget:
-                    say(f"{name}: {cost[name]} bytes would overrun the budget ({spent} of {budget} spent); passed over")
+                if spent + unit_cost[unit] > budget:
+                    say(f"{unit}: {unit_cost[unit]} bytes would overrun the budget ({spent} of {budget} spent); "
+                        "passed over")  # fmt: skip
                     continue
-                spent += cost[name]
-            chosen.append(name)
-            final = use(set(chosen))
-            trials.append((len(chosen), final[metric]))
-            say(f"{len(chosen)} dense: {metric} {final[metric]:.4f}")
+                spent += unit_cost[unit]
+            chosen.append(unit)
+            final = use(chosen)
+            dense = [n for u in chosen for n in units[u]]
+            trials.append((len(dense), final[metric]))
+            say(f"{len(dense)} dense: {metric} {final[metric]:.4f}")
             if final[metric] >= bound:
                 break
-        return DenseChoice(chosen, final[metric] >= bound, metric, max_loss, base, full, final, ranking, trials)
+        dense = [n for u in chosen for n in units[u]]
+        return DenseChoice(dense, final[metric] >= bound, metric, max_loss, base, full, final, ranking, trials)
     finally:
         for name, layer in layers.items():
             layer.weight.data = dense_w[name]
+
+
+def _units(names: list[str], groups) -> dict[str, list[str]]:
+    """label -> layers: each group of ``groups`` (default: each layer alone), labelled by its layers joined."""
+    if groups is None:
+        return {name: [name] for name in names}
+    flat = [n for g in groups for n in g]
+    missing, unknown = sorted(set(names) - set(flat)), sorted(set(flat) - set(names))
+    twice = sorted({n for n in flat if flat.count(n) > 1})
+    if missing or unknown or twice:
+        raise ValueError(f"groups must hold every layer exactly once: missing {missing}, unknown {unknown}, "
+                         f"twice {twice}")  # fmt: skip
+    return {" + ".join(g): list(g) for g in groups}

@@ -22,9 +22,8 @@ from unittest import mock
 import torch
 
 from ternop.format import BLOCK_SIZE, unpack_codes
+from ternop.selection import MERGED_PARTS, QKV_PARTS
 
-_QKV_NAMES = (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
-_MERGED_NAMES = (("gate_proj", "up_proj"),)
 _ROW_NAMES = {"o_proj", "down_proj", "out_proj", "c_proj", "fc2", "wo", "dense_4h_to_h"}
 
 
@@ -60,12 +59,12 @@ def plan_groups(prefixes) -> list[tuple[str, str, list[tuple[str, object]]]]:
     groups = []
     parents = {p.rpartition(".")[0] for p in remaining}
     for parent in sorted(parents):
-        for names in _QKV_NAMES:
+        for names in QKV_PARTS:
             parts = [f"{parent}.{n}" for n in names]
             if all(p in remaining for p in parts):
                 groups.append(("qkv", f"{parent}.qkv_proj", list(zip(parts, ("q", "k", "v")))))
                 remaining -= set(parts)
-        for names in _MERGED_NAMES:
+        for names in MERGED_PARTS:
             parts = [f"{parent}.{n}" for n in names]
             if all(p in remaining for p in parts):
                 groups.append(("merged", f"{parent}.gate_up_proj", list(zip(parts, range(len(parts))))))

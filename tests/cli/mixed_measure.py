@@ -13,6 +13,10 @@ SENSITIVE = {"encoder.layer.0.attention.self.query": 0.1, "encoder.layer.1.outpu
              "encoder.layer.1.intermediate.dense": 0.001}  # fmt: skip
 
 
+# Layer 0's attention projections, which vLLM fuses: keep-dense auto keeps them dense together.
+QKV0 = [f"encoder.layer.0.attention.self.{p}" for p in ("key", "query", "value")]
+
+
 def fake_measure_fn(tokenizer, pooling, max_len):
     dense = {}
 

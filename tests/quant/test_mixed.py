@@ -92,3 +92,22 @@ def test_fill_takes_the_layers_that_gain_nothing_too_while_they_fit(monkeypatch)
     filled = choose_dense(model, ternary, _measure_of(model, ternary), fill=True, **kw)
     assert filled.dense == ["2", "3", "0"] and not filled.met  # "1" still does not fit
     assert filled.final["mrr"] == pytest.approx(0.8)
+
+
+def test_groups_are_ranked_costed_and_kept_as_one():
+    model = _model()
+    ternary = {n: torch.sign(model.get_submodule(n).weight.detach()) for n in DAMAGE}
+    measure = _measure_of(model, ternary)
+    # "1" (0.20) is grouped with "0" (0.01): the group gains 0.21, more than "3" (0.10) or "2" (0.05).
+    choice = choose_dense(model, ternary, measure, max_loss=0.07, metric="mrr", rank_by="smooth",
+                          groups=[["1", "0"], ["2"], ["3"]])  # fmt: skip
+    assert [u for u, _ in choice.ranking] == ["1 + 0", "3", "2"]
+    assert choice.dense == ["1", "0", "3"] and choice.met and choice.final["mrr"] == pytest.approx(0.95)
+    assert choice.trials == [(2, pytest.approx(0.85)), (3, pytest.approx(0.95))]  # counts of layers dense
+    # With a budget a group costs its layers' bytes together: 10 + 1 overruns 10, so "3" and "2" go first.
+    cost = {"0": 1, "1": 10, "2": 1, "3": 4}
+    tight = choose_dense(model, ternary, measure, max_loss=0.0, metric="mrr", rank_by="smooth", cost=cost, budget=10,
+                         groups=[["1", "0"], ["2"], ["3"]])  # fmt: skip
+    assert tight.dense == ["2", "3"] and not tight.met
+    with pytest.raises(ValueError, match=r"missing \['3'\], unknown \['4'\], twice \['0'\]"):
+        choose_dense(model, ternary, measure, max_loss=0.0, groups=[["1", "0"], ["2", "0"], ["4"]])
