@@ -6,8 +6,9 @@ Prints exactly three lines and exits 1 if any says FAIL (2 for a folder that doe
                                           int8 how many layers have one scale per row), codes
                                           legal, shapes right, an independent decoding agrees
     GPU_LOAD: OK|SKIPPED|FAIL <reason>    bytes copied to the CUDA device equal the bytes on disk
-    TP_SHARD: OK|SKIPPED|FAIL <reason>    each rank's shard (through vLLM's loaders) equals a slice
-                                          of the full matrix, for every fused layer
+    TP_SHARD: OK|SKIPPED|FAIL <reason>    the parts of each layer vLLM fuses (q/k/v, gate/up) are all
+                                          ternary or all dense, and each rank's shard (through vLLM's
+                                          loaders) equals a slice of the full matrix, for every fused layer
 
 Without ``--tp``, TP_SHARD checks tensor parallelism 1 and the largest size up to 8 at which
 the checkpoint's layers split on whole 128-weight blocks and heads, and names every such size;
@@ -96,13 +97,28 @@ def check_gpu_load(path) -> str | None:
     return f"{len(layers)} layers on {torch.cuda.get_device_name(device)}"
 
 
+def check_fused_parts(ternary, dense) -> None:
+    """CheckpointError naming the first layer vLLM fuses (q/k/v, gate/up) of which ``dense`` (the
+    checkpoint's ``modules_to_not_convert``) lists some parts but not all: vLLM refuses to load it."""
+    from ternop.checkpoint import CheckpointError
+    from ternop.selection import fused_groups
+
+    dense = set(dense)
+    for group in fused_groups([*ternary, *(d for d in dense if d not in ternary)]):
+        listed = [p for p in group if p in dense]
+        if 0 < len(listed) < len(group):
+            raise CheckpointError(f"vLLM runs {', '.join(group)} as one layer, so they must be all ternary or all "
+                                  f"dense, but modules_to_not_convert lists only {', '.join(listed)}")  # fmt: skip
+
+
 def check_tp_shard(path, tp: int | None) -> str:
     """With ``tp``, that size only; without, 1 and the largest supported size up to MAX_TP."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    from ternop.checkpoint import load_config, load_ternary_layers
+    from ternop.checkpoint import load_config, load_ternary_layers, read_quant_config
     from ternop.vllm_plugin.sharding import check_tp_shards, supported_tp_sizes
 
     layers, config = load_ternary_layers(path), load_config(path)
+    check_fused_parts(layers, read_quant_config(path)["modules_to_not_convert"])
     supported = supported_tp_sizes(layers, config, MAX_TP)
     sizes = [tp] if tp is not None else sorted({1, max(supported, default=1)})
     for size in sizes:

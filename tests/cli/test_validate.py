@@ -156,3 +156,19 @@ def test_validate_default_passes_minilm_and_names_its_tp_sizes(tmp_path):
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert lines[2].startswith("TP_SHARD: OK (tp=1, 3:") and "supported tp sizes up to 8: 1, 3" in lines[2], lines
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("skip, ok", [(["layers.0.self_attn.q_proj"], False), (["layers.1.mlp.up_proj"], False),
+                                      (["layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj",
+                                        "layers.0.self_attn.v_proj", "layers.1.mlp"], True)])  # fmt: skip
+def test_tp_shard_fails_a_fused_layer_left_partly_dense(tmp_path, skip, ok):
+    """vLLM runs q/k/v and gate/up as one layer each and refuses one whose parts differ; validate says so first."""
+    pytest.importorskip("vllm")
+    dst = tmp_path / "ternary"
+    quantize_checkpoint(tiny_qwen3(tmp_path / "fp"), dst, method="absmean", skip=skip, progress=False)
+    lines, passed = validate.run(dst)
+    assert passed is ok, lines
+    if not ok:
+        assert lines[2].startswith("TP_SHARD: FAIL CheckpointError: vLLM runs "), lines
+        assert f"must be all ternary or all dense, but modules_to_not_convert lists only {skip[0]}" in lines[2]
