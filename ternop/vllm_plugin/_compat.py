@@ -14,6 +14,10 @@ the same signatures. The differences, each found by feature, not by version numb
 - a checkpoint that holds ``lm_head.weight`` beside tied embeddings: 0.32's weight loader skips
   the alias by itself (and has no ``skip_prefixes``), 0.26's needs ``skip_prefixes=["lm_head."]``,
   as vLLM's own models pass it there (:func:`weights_loader`).
+
+And one naming quirk: 0.32's BERT builds its self-attention with the prefix ``attention.output``, so
+the fused ``qkv_proj`` of the checkpoint's ``attention.self.query/key/value`` is named
+``...attention.output.qkv_proj``; :func:`part_heads` says where such a layer's parts live.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "VLLM_VERSION",
     "register_quantization_config",
     "register_weight_loader_v2",
+    "part_heads",
     "rename_mapper",
     "vllm_logger",
     "weights_loader",
@@ -98,3 +103,17 @@ def weights_loader(model, config):
     if takes_skip and getattr(config, "tie_word_embeddings", False):
         kwargs["skip_prefixes"] = ["lm_head."]
     return AutoWeightsLoader(model, **kwargs)
+
+
+def part_heads(head: str, fused: str) -> list[str]:
+    """The dotted paths under which the checkpoint holds the parts of vLLM's fused layer ``{head}.{fused}``.
+
+    ``head`` itself and, for a ``qkv_proj`` under ``attention.output``, ``attention.self``: vLLM's
+    ``BertAttention`` hands its ``BertSelfAttention`` the prefix ``{prefix}.output`` (0.32), while
+    BERT checkpoints name the parts ``attention.self.query/key/value``. Without it a dense q/k/v of a
+    BERT layer would not be seen as skipped, and loading would fail inside vLLM's weight loader.
+    """
+    heads = [head]
+    if fused == "qkv_proj" and (head == "attention.output" or head.endswith(".attention.output")):
+        heads.append(head[: -len("output")] + "self")
+    return heads

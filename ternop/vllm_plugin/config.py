@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from ternop.format import BLOCK_SIZE, DEFAULT_ACTIVATION_BITS, FORMAT_VERSION, check_activation_bits
-from ternop.vllm_plugin._compat import LinearBase, QuantizationConfig, UnquantizedLinearMethod, rename_mapper
+from ternop.vllm_plugin._compat import (LinearBase, QuantizationConfig, UnquantizedLinearMethod, part_heads,
+                                        rename_mapper)  # fmt: skip
 
 
 class TernaryConfig(QuantizationConfig):
@@ -105,7 +106,8 @@ class TernaryConfig(QuantizationConfig):
         parts = self.packed_modules_mapping.get(last)
         if not parts:
             return False
-        flags = {part: listed(f"{head}.{part}" if head else part) for part in parts}
+        heads = part_heads(head, last)
+        flags = {part: any(listed(f"{h}.{part}" if h else part) for h in heads) for part in parts}
         if len(set(flags.values())) > 1:
             raise ValueError(
                 f"{prefix}: the fused parts {parts} must all be ternary or all dense, but "

@@ -79,3 +79,15 @@ def test_skipped_fused_modules_stay_dense(tmp_path):
     assert methods[0].get("TernaryLinearMethod") == 4
     assert methods[0].get("UnquantizedLinearMethod") == 4
     assert_close_embeddings(got, reference_embed(dst, "last"))
+
+
+@pytest.mark.parametrize("skip, dense", [(["layer.0.attention.self"], 1), (["layer.1.attention.output.dense"], 1),
+                                         (["layer.0.intermediate"], 1)])  # fmt: skip
+def test_bert_layers_left_dense_load_and_embed(tmp_path, skip, dense):
+    """What keep-dense auto leaves dense in a BERT model (a whole qkv_proj, single layers) loads and embeds."""
+    dst = tmp_path / "ternary"
+    quantize_checkpoint(tiny_bert(tmp_path / "fp"), dst, skip=skip, progress=False)
+    got, methods = vllm_embed(dst, eager=True)
+    assert methods[0].get("TernaryLinearMethod") == 8 - dense
+    assert methods[0].get("UnquantizedLinearMethod") == dense
+    assert_close_embeddings(got, reference_embed(dst, "cls"))
