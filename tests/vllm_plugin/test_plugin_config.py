@@ -85,6 +85,9 @@ def test_skip_list_matches_fused_and_prefixed_names():
     cfg.packed_modules_mapping = {"qkv_proj": ["query", "key", "value"]}
     assert cfg.is_skipped("model.encoder.layer.0.attention.self.qkv_proj")
     assert not cfg.is_skipped("model.encoder.layer.1.attention.self.qkv_proj")
+    # vLLM 0.32's BERT names the fused layer under attention.output; its parts are still attention.self's.
+    assert cfg.is_skipped("model.encoder.layer.0.attention.output.qkv_proj")
+    assert not cfg.is_skipped("model.encoder.layer.1.attention.output.qkv_proj")
     assert cfg.is_skipped("pooler.dense")
     assert not cfg.is_skipped("model.encoder.layer.0.output.dense")
     partial = TernaryConfig(modules_to_not_convert=["layers.0.self_attn.q_proj"])
