@@ -79,9 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                         help="keep modules matching PATTERN dense (repeat --skip for more patterns)")
     parser.add_argument("--keep-dense", choices=["none", "auto"], default="none",
-                        help="auto: before training, rank the layers around --rank-from CKPT by the mean cosine "
-                             "each one gains dense (visible wiki texts), keep dense the best per byte that fit "
-                             "--size-budget; the other layers are then distilled around them (docs/QUALITY.md)")
+                        help="auto: before training, rank the layers around the checkpoint CKPT below by the mean "
+                             "cosine each one gains dense (visible wiki texts), keep dense the best per byte that fit "
+                             "the size budget S, and distil the other layers around them (docs/QUALITY.md)")
     parser.add_argument("--rank-from", default=None, metavar="CKPT",
                         help="with keep dense auto: a ternary checkpoint of BASE made with the same --skip, e.g. "
                              "an earlier all-ternary run's DST; its trained biases and norms go into the dense model "
