@@ -32,7 +32,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from quality_a8 import ternop  # noqa: E402
-from quality_minilm import checkpoint_bytes, markdown, minilm_dir, row_spec, score  # noqa: E402
+from quality_minilm import _dense_layers, checkpoint_bytes, markdown, minilm_dir, row_spec, score  # noqa: E402
 from stamp import git_commit  # noqa: E402
 
 ARTIFACT = HERE.parent / "artifacts" / "all-MiniLM-L6-v2-ternary" / "model.safetensors"
@@ -46,12 +46,6 @@ def command(name: str, args) -> list[str]:
               "--force"]  # fmt: skip
     extra = ["--keep-dense", "auto", "--rank-from", "RANK", "--size-budget", str(args.size_budget)]
     return ["distill", "BASE", "DST", *recipe, *(extra if name == "keep-dense auto" else [])]
-
-
-def _dense_layers(path: str) -> list[str]:
-    from ternop.checkpoint import read_quant_config
-
-    return [m for m in read_quant_config(path).get("modules_to_not_convert", []) if m.startswith("encoder.")]
 
 
 def main() -> int:

@@ -162,7 +162,8 @@ def keep_dense(args: argparse.Namespace, state) -> list[str]:
     from ternop.cli import mixed
 
     if args.resume and Path(state).exists():
-        saved = torch.load(state, map_location="cpu").get("skip")
+        # Mapped, not read: run() loads the whole state again; only its list of dense layers is needed here.
+        saved = torch.load(state, map_location="cpu", mmap=True).get("skip")
         if saved is None:
             raise ValueError(f"the state in {state} does not record its dense layers; resume without --keep-dense "
                              "auto, with the --skip flags the run printed")  # fmt: skip

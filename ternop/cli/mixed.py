@@ -116,6 +116,7 @@ def choose_around(base, ckpt, skip, max_loss: float, progress: bool = True, size
     choice is for training around (``choose_dense``'s ``fill``): within ``size_budget`` it takes
     layers in the ranking's order until the bound is met, those that gain nothing measured too.
     """
+    from ternop.quant.distill import per_weight
     from ternop.quant.student_init import checkpoint_init
     from ternop.selection import select_linears
 
@@ -123,8 +124,7 @@ def choose_around(base, ckpt, skip, max_loss: float, progress: bool = True, size
     targets, _ = select_linears(model, skip)
     init, tensors = checkpoint_init(model, ckpt, targets, flag="--rank-from")
     model.load_state_dict(tensors, strict=False)
-    ternary = {name: values.float() * scale.repeat_interleave(BLOCK_SIZE, dim=1)
-               for name, (values, scale) in init.items()}  # fmt: skip
+    ternary = {name: values.float() * per_weight(scale, values.shape[1]) for name, (values, scale) in init.items()}
     shapes = {name: tuple(w.shape) for name, w in ternary.items()}
     return _choose(base, model, ternary, max_loss, progress, size_budget, fill=True), shapes
 
