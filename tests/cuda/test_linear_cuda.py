@@ -968,6 +968,30 @@ def test_linear_cuda_wgmma_a8_shared_memory_tiles_store_every_dtype_bit_for_bit(
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_cuda_wgmma_a8_split_k_stores_every_dtype_bit_for_bit(dtype):
+    """The register tiles (0-3) with row scales split K over a cluster where their CTAs are few, and
+    the cluster's CTAs add their sums four rows at a time: each output dtype equals the CPU
+    reference from the same q and s_x bit for bit, with a bias, where N is a multiple of four (the
+    four outputs leave in one store) and where it is not (the last quad is cut at N)."""
+    from ternop.cuda.launch_fused import quantize_rows
+
+    for m, k, n in [(50, 2048, 1024), (40, 1024, 130), (100, 2048, 262), (200, 3072, 1024), (300, 2048, 1024)]:
+        v1, _ = _weights(n, k)
+        x = torch.randn(m, k, device="cuda")
+        row = _row_scale(n)
+        packed = layouts.repack(v1, "a8")
+        bias = torch.randn(n, device="cuda").to(dtype)
+        _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+        q, qs = quantize_rows(x)
+        want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), bias.cpu(), out_dtype=dtype, layout="a8")
+        for tile in (0, 1, 2, 3):
+            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, dtype, tile).cpu()
+            assert y.dtype == dtype
+            bad = (y != want).nonzero()
+            assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist())
+
+
 def _assert_a8_row_capture_and_compile_match_eager(x, packed, row):
     """ternop.linear with int8 activations and row scales gives eager's bits when captured in a CUDA
     graph and replayed, and when compiled (dynamic shapes)."""

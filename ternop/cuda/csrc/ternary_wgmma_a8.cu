@@ -188,14 +188,21 @@ __device__ __forceinline__ void store_tile(T* __restrict__ out, const float* __r
 // to 32 different banks); after a cluster barrier it adds, for tokens [rank BT / S, (rank + 1) BT / S),
 // the S CTAs' sums and stores them scaled. The second barrier keeps every CTA's shared memory alive
 // until the last reader is done.
+//
+// A thread adds four rows of a token at a time: one 16-byte load from each CTA of the cluster, all
+// of them issued before the first add (the loop over the ranks is unrolled to the largest split and
+// predicated), so that a token waits for one round trip through distributed shared memory, not S.
+// The form before read one int32 a rank and a token, each load waited for before the next, so every
+// CTA waited for BT / 2 round trips in series whatever the split (32 for the 64-token tile).
 template <typename T, typename Cfg, int R>
 __device__ __forceinline__ void split_reduce_store(uint8_t* smem, const int32_t (&part)[R], int row, int q,
                                                    const float* __restrict__ qs, const __half* __restrict__ ws,
                                                    const T* __restrict__ bias, T* __restrict__ out, int M, int N,
                                                    int n0, int m0) {
 #if TERNOP_HAS_WGMMA
-  constexpr int kPitch = Cfg::kRows + 4;
+  constexpr int kPitch = Cfg::kRows + 4;  // words; 16-byte aligned rows for the loads below
   static_assert(Cfg::BT * kPitch * 4 <= Cfg::kStages * Cfg::kStageBytes, "the sums fit in the stages");
+  static_assert(kPitch % 4 == 0, "a token's sums start on 16 bytes");
   int32_t* sums = reinterpret_cast<int32_t*>(smem);
   asm volatile("bar.sync 3, %0;" ::"n"(Cfg::kConsumers) : "memory");
 #pragma unroll
@@ -207,20 +214,47 @@ __device__ __forceinline__ void split_reduce_store(uint8_t* smem, const int32_t 
   const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   const int per = Cfg::BT / splits;  // splits 2, 4 or 8; BT 64 or 128
-  // A thread keeps one row c of the tile (the consumers are a multiple of the rows), so its row's
-  // scale and bias are read once, before the loop, and not beside each store.
-  static_assert(Cfg::kConsumers % Cfg::kRows == 0, "a thread keeps one row of the tile");
-  const int c = threadIdx.x % Cfg::kRows, n = n0 + c;
+  // A thread keeps four rows 4c..4c+3 of the tile (the consumers are a multiple of the quads), so
+  // their scales and bias are read once, before the loop.
+  constexpr int kQuads = Cfg::kRows / 4, kStep = Cfg::kConsumers / kQuads, kMaxSplits = 8;
+  static_assert(Cfg::kConsumers % kQuads == 0, "a thread keeps one quad of rows of the tile");
+  const int c = threadIdx.x % kQuads, n = n0 + 4 * c;
   if (n < N) {
-    const float sw = __half2float(ws[n]);
-    const float bv = bias != nullptr ? Fp<T>::to_float(bias[n]) : 0.f;
-    for (int t = rank * per + threadIdx.x / Cfg::kRows; t < (rank + 1) * per; t += Cfg::kConsumers / Cfg::kRows) {
+    float sw[4], bv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sw[e] = __half2float(ws[min(n + e, N - 1)]);
+      bv[e] = bias != nullptr ? Fp<T>::to_float(bias[min(n + e, N - 1)]) : 0.f;
+    }
+    for (int t = rank * per + threadIdx.x / kQuads; t < (rank + 1) * per; t += kStep) {
       const int m = m0 + t;
       if (m >= M) break;
-      int32_t sum = 0;
-      for (int r = 0; r < splits; ++r) sum += *cluster.map_shared_rank(sums + t * kPitch + c, r);
-      const float value = __fmul_rn(static_cast<float>(sum), sw);
-      out[static_cast<int64_t>(m) * N + n] = scaled_out<T>(value, qs[m], bv);
+      int4 v[kMaxSplits];
+#pragma unroll
+      for (int r = 0; r < kMaxSplits; ++r)
+        if (r < splits) v[r] = *reinterpret_cast<const int4*>(cluster.map_shared_rank(sums + t * kPitch + 4 * c, r));
+      const float sx = qs[m];
+      int32_t sum[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int r = 0; r < kMaxSplits; ++r)
+        if (r < splits) sum[0] += v[r].x, sum[1] += v[r].y, sum[2] += v[r].z, sum[3] += v[r].w;
+      T* d = out + static_cast<int64_t>(m) * N + n;
+      T o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] = scaled_out<T>(__fmul_rn(static_cast<float>(sum[e]), sw[e]), sx, bv[e]);
+      if (N % 4 == 0) {  // n is a multiple of 4, so the four outputs are in bounds and aligned
+        if constexpr (sizeof(T) == 2) {
+          uint2 packed;
+          T* p = reinterpret_cast<T*>(&packed);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[e] = o[e];
+          *reinterpret_cast<uint2*>(d) = packed;
+        } else {
+          *reinterpret_cast<float4*>(d) = make_float4(o[0], o[1], o[2], o[3]);
+        }
+      } else {
+        for (int e = 0; e < 4 && n + e < N; ++e) d[e] = o[e];
+      }
     }
   }
   cluster_sync();
