@@ -377,23 +377,10 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
     float v[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = 0.f;
-    // Four ranks at a time: their loads are all issued before the first of their adds, which
-    // keep rank order (the rounding of one fixed-order sum).
-    for (int r0 = 0; r0 < splits; r0 += 4) {
-      float4 a[4], b[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (r0 + j < splits) {
-          const float4* src =
-              reinterpret_cast<const float4*>(cluster.map_shared_rank(tile + t * kPitch + c * 32, r0 + j));
-          a[j] = src[0], b[j] = src[1];
-        }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (r0 + j < splits) {
-          v[0] += a[j].x, v[1] += a[j].y, v[2] += a[j].z, v[3] += a[j].w;
-          v[4] += b[j].x, v[5] += b[j].y, v[6] += b[j].z, v[7] += b[j].w;
-        }
+    for (int r = 0; r < splits; ++r) {
+      const float4* src = reinterpret_cast<const float4*>(cluster.map_shared_rank(tile + t * kPitch + c * 32, r));
+      const float4 a = src[0], b = src[1];
+      v[0] += a.x, v[1] += a.y, v[2] += a.z, v[3] += a.w, v[4] += b.x, v[5] += b.y, v[6] += b.z, v[7] += b.w;
     }
     if (bias != nullptr)
 #pragma unroll
