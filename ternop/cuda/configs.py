@@ -492,26 +492,30 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   10.85-12.09, 1024->6144 11.94-12.92 against 12.35-14.06), behind from 320 (12.40 against 10.04,
 #   16.26 against 12.02); on the N = 1024 layers ahead to M = 192 (3072->1024 11.19 and 11.26
 #   against 13.19 and 13.33, 2048->1024 10.28 and 10.40 against 10.54 and 10.70), behind or level
-#   at 224 (11.87 against 10.69, 13.50 against 13.44). WGMMA_A8_ROW_SHORT_K_MAX_M holds the bounds.
-# - K >= 4096 with N * K <= 2^24 (4096->4096 of the eight layers) at M = 96..128, where the M = 65..128
-#   item above does not hold: triton_a8 ahead in every run that timed both: at M = 128 on an H100
-#   0.86-0.95 of cuda_wgmma_a8's time in sixteen runs (15.0-16.2 us against 16.6-17.7; f6f4718,
-#   6b4e389, b3b2dec and earlier), on an H200 0.99 in five (e084e64, f6e4460 and earlier) and 0.89
-#   in one (04a635e); at M = 112 0.90 (an H100, bench_linear_slabs_7046454.json); at M = 96, since
-#   its spare rows read real rows, 0.86 (results/h100/sweep_a8_b3b2dec.json: 14.71 us against 17.08;
-#   1.02-1.04 before). Below M = 96 it was behind before that change (1.14-1.31 at M = 65 and 80) and
-#   has not run since. These times include the quantization of x and triton_a8's early start after
-#   it (TRITON_A8_EARLY_LIMITS); launched plainly it was still 0.91 at M = 128
-#   (bench_linear_early_off_4d94a8d.json), the kernel alone ahead, which is what rows quantized
-#   beforehand (linear_q8) run; no run has timed those with triton_a8 forced.
+#   at 224 (11.87 against 10.69, 13.50 against 13.44), before d190e12. WGMMA_A8_ROW_SHORT_K_MAX_M
+#   holds the wide layers' bound. Since d190e12 the N = 1024 layers run cuda_wgmma_a8 from M = 129 on:
+#   at M = 192 9.0 and 9.9 us against triton_a8's 10.6 and 13.3 (2048->1024, 3072->1024; an H100,
+#   results/h100/bench_linear_split_sums_d190e12.json), and the item below from 256; M = 193..255 has
+#   not run since the change.
+# - K >= 4096 with N * K <= 2^24 (4096->4096 of the eight layers) at M = 96..128: triton_a8 was ahead
+#   in every run that timed both before d190e12 (at M = 128 0.86-0.95 of cuda_wgmma_a8's time in
+#   sixteen H100 runs, f6f4718 and earlier), while this kernel's split-K launches there waited on their
+#   cluster sums in series (ternary_wgmma_a8.cu, split_reduce_store). Since d190e12 it is ahead:
+#   14.1, 14.0 and 14.0 us at M = 96, 112 and 128 against triton_a8's 14.8, 14.9 and 15.3, started
+#   early after the quantization (an H100, results/h100/bench_linear_a8row_4096_01fdd22.json).
+#   The rule that gave triton_a8 these M is gone.
+# - The N = 1024 layers at M = 256..1023 since d190e12 (an H100,
+#   results/h100/bench_linear_a8row_n1024_01fdd22.json, both forced, with the quantization): ahead of
+#   triton_a8 started early, which had overtaken the split launches at M = 256 and 512 on 2048->1024
+#   (results/h100/bench_linear_early_on_4d94a8d.json): level at 256 (10.6 against 10.8 us), 0.78-0.85
+#   of its time at M = 320..512 (10.5-11.3 against 12.8-12.9) and 0.86 at 768; on 3072->1024 0.68-0.92
+#   at M = 256..1024.
 # From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
 # Wherever the kernel takes its shared-memory tile (5) it is ahead of both (wgmma_a8_smem_takes).
 WGMMA_A8_ROW_MIN_K = 4096
 WGMMA_A8_ROW_LAST_WAVE_MAX_K = 8192  # the last-wave rule: K below this only
-WGMMA_A8_ROW_SMALL_LAYER_NK = 1 << 24
-WGMMA_A8_ROW_SMALL_LAYER_M = (96, 128)
-WGMMA_A8_ROW_SHORT_K_MAX_M = {"wide": 256, "narrow": 192}  # from M = 129; "narrow": N <= 1024
+WGMMA_A8_ROW_SHORT_K_MAX_M = 256  # from M = 129; on N <= 1024 up to M = 2047
 
 # Calls outside CUDA graphs. Everything above is GPU time under CUDA graphs (bench_linear), where a
 # call's host work is gone at replay. vLLM captures batches up to 512 tokens (its default
@@ -664,36 +668,23 @@ def wgmma_a8_smem_takes(m: int, n: int, k: int, device: torch.device) -> bool:
     return wgmma_a8_row_tile(m, n, k, sm_count(device))[0] == 5
 
 
-def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device, triton_early: bool = False) -> str:
-    """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one.
-    ``triton_early``: triton_a8 would start early there (after quantize_rows, triton_a8_starts_early)."""
+def wgmma_a8_row_declines(m: int, n: int, k: int, device: torch.device) -> str:
+    """Why cuda_wgmma_a8 leaves a row-scaled (M, N, K) to triton_a8, or "" where it is the faster one."""
     sms = sm_count(device)
     tile, ctas = wgmma_a8_row_tile(m, n, k, sms)
     if tile == 5:  # the shared-memory tile: ahead of triton_a8 at every point it ran in 72e4256's run (above)
         return ""
     if k < WGMMA_A8_ROW_MIN_K:
-        if 128 < m <= WGMMA_A8_ROW_SHORT_K_MAX_M["narrow" if n <= 1024 else "wide"]:
-            return ""
-        if n <= 1024 and 256 <= m < 2048 and triton_early:
-            # Started early, triton_a8 overtook it here: 2048->1024 at M = 256 and 512 in
-            # results/h100/bench_linear_early_on_4d94a8d.json, 10.77 and 13.07 us against 12.18 and 14.57.
-            return (f"row scales at M={m}, N={n}, K={k}: triton_a8 started early after the quantization "
-                    f"is faster (configs.TRITON_A8_EARLY_LIMITS)")  # fmt: skip
-        if n <= 1024 and 256 <= m < 2048:
+        if 128 < m <= WGMMA_A8_ROW_SHORT_K_MAX_M or (n <= 1024 and 128 < m < 2048):
             return ""
         return (f"row scales at M={m}, N={n}, K={k}: triton_a8 is faster below K={WGMMA_A8_ROW_MIN_K} "
-                f"but at M = 129..{WGMMA_A8_ROW_SHORT_K_MAX_M['wide']} (N > 1024) or "
-                f"129..{WGMMA_A8_ROW_SHORT_K_MAX_M['narrow']} (N <= 1024), on N <= 1024 at M = 256..2047, "
+                f"but at M = 129..{WGMMA_A8_ROW_SHORT_K_MAX_M}, on N <= 1024 at M = 129..2047, "
                 f"and where the shared-memory tile runs")  # fmt: skip
     if m <= 64:
         if 10 * ctas < 7 * sms:
             return (f"row scales at M={m}, N={n}: {ctas} CTAs of 128 rows x 64 tokens for {sms} SMs, under 70% "
                     f"of them; triton_a8 is faster there")  # fmt: skip
         return ""
-    lo, hi = WGMMA_A8_ROW_SMALL_LAYER_M
-    if lo <= m <= hi and n * k <= WGMMA_A8_ROW_SMALL_LAYER_NK:
-        return (f"row scales at M={m}, N * K = {n * k}: on layers with N * K <= {WGMMA_A8_ROW_SMALL_LAYER_NK} "
-                f"triton_a8 is faster at M = {lo}..{hi}")  # fmt: skip
     if m <= 128 or m >= 2048:
         return ""
     waves = -(-ctas // sms)

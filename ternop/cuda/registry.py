@@ -11,7 +11,7 @@ Order (lower priority first):
 | ``cuda_mma_tiles`` | CUDA C++ ``mma.sync``, x and codes staged in shared memory, mid M | fp16/bf16 | a16 |
 | ``cuda_dequant_a8`` | C++ decoding to a dense int8 weight (``ternop::decode_int8_cuda``), then ``dequant_a8``'s int8 Triton GEMM; wherever ``dequant_a8``'s rules let it run, one Python launch fewer | int8 (any float x) | all |
 | ``dequant_a8`` | Triton decoding to a dense int8 weight, then a dense int8 Triton GEMM; row scales, M from its floor up where M * N * K exceeds ``configs.EAGER_A8_ROW_MAX_MNK``; where the C++ extension does not build | int8 (any float x) | all |
-| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65, but M = 96..128 where N * K <= 2^24, and at 129..2047 where its CTAs leave no last wave under 80% full or K >= 8192; smaller K at M = 129..256, or 129..192 on N <= 1024; N <= 1024 at M = 256..2047 but where ``triton_a8`` starts early; wherever its shared-memory tile runs, from M = 512, where ``dequant_a8`` declines too) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
+| ``cuda_wgmma_a8`` | CUDA C++ Hopper ``wgmma`` s8 (sm_90a) (+ per-token quantization); row scales where ``configs.wgmma_a8_row_declines`` finds it faster than ``triton_a8`` (K >= 4096 from M = 17 or 65, and at 129..2047 where its CTAs leave no last wave under 80% full or K >= 8192; smaller K at M = 129..256, and N <= 1024 at M = 129..2047; wherever its shared-memory tile runs, from M = 512, where ``dequant_a8`` declines too) and ``dequant_a8`` declines, every row-scaled call above ``configs.GRAPH_MAX_M`` up to ``configs.EAGER_A8_ROW_MAX_MNK``, or when forced | int8 (any float x) | a8 |
 | ``cuda_gemv`` | CUDA C++ on CUDA cores, small M | fp16/bf16/fp32 | v1 |
 | ``triton_a8`` | fused int8 Triton GEMM (+ per-token quantization), every M | int8 (any float x) | all |
 | ``cuda_dequant`` | CUDA C++ dequantization, then cuBLAS, in one C++ op; M from its floor up | fp16/bf16/fp32 | all |
@@ -561,7 +561,7 @@ def _can_cuda_wgmma_a8(call: backends.LinearCall) -> tuple[bool, str]:
         # the graphs' M, every call whose kernel costs less than those paths' host time
         # (configs.EAGER_A8_ROW_MAX_MNK).
         if not configs.eager_a8_row_host_bound(call.m, call.n, call.k):
-            why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device, _triton_a8_early(call))
+            why = configs.wgmma_a8_row_declines(call.m, call.n, call.k, call.x.device)
     elif not why and not _forced("cuda_wgmma_a8"):
         # results/h200/sweep_wgmma_a8.json (8bbb40a): 0.55-0.62x of cuBLAS bf16 at M >= 2048 on
         # the 0.6B layers and 0.76-0.90x on the 8B ones, where bench_linear.json's triton_a8 (576215d) runs

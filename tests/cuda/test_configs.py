@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -342,9 +343,9 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     the int8 Hopper kernel did not beat triton_a8 on the H200, so the dispatcher passes it over with
     that reason even where everything it needs is present; forcing it still runs it. With a scale
     per row it takes the K >= 4096 layers from M = 17 where its 64-token CTAs of 128 rows fill 70%
-    of the SMs (up to M = 64), at M = 65..128 (but 96..128 where N * K <= 2^24), and where its CTAs
-    make one wave or leave no last wave under 80% full (M = 129..2047); of the shorter layers, every
-    one at M = 129..192 (to 256 where N > 1024) and N <= 1024 at M = 256..2047."""
+    of the SMs (up to M = 64), at M = 65..128, and where its CTAs make one wave or leave no last wave
+    under 80% full (M = 129..2047); of the shorter layers, every one at M = 129..256 and N <= 1024 at
+    M = 129..2047."""
     _hopper_ready(monkeypatch)
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", str(1 << 30))
     call = _shape_call
@@ -375,9 +376,10 @@ def test_registry_cuda_wgmma_a8_runs_for_row_scales_or_when_forced(monkeypatch):
     assert not ok and "triton_a8 is faster below K=4096" in why
     # Where the shared-memory tile runs (from M = 512, CTAs of 128 x 256 that fill the GPU), any K.
     assert registry._can_cuda_wgmma_a8(call(2048, k=1024, n=4096)) == (True, "")
-    # The short-K layers: only those of N <= 1024, at M = 256..2047.
-    assert registry._can_cuda_wgmma_a8(call(256, k=3072, n=1024)) == (True, "")
-    for m, n in ((255, 1024), (2048, 1024), (512, 4096)):
+    # The short-K layers: every one at M = 129..256, those of N <= 1024 on to M = 2047.
+    for m, n in ((129, 1024), (224, 1024), (256, 1024), (1024, 1024), (2047, 1024), (129, 4096), (256, 4096)):
+        assert registry._can_cuda_wgmma_a8(call(m, k=3072, n=n)) == (True, ""), (m, n)
+    for m, n in ((128, 1024), (2048, 1024), (257, 4096), (512, 4096)):
         assert "triton_a8 is faster below K=4096" in registry._can_cuda_wgmma_a8(call(m, k=3072, n=n))[1], (m, n)
     monkeypatch.setenv("TERNOP_BACKEND", "cuda_wgmma_a8")
     assert registry._can_cuda_wgmma_a8(call(2048, scales=32)) == (True, "")
@@ -445,19 +447,17 @@ def test_wgmma_a8_row_rule_picks_the_faster_kernel_of_its_run(monkeypatch):
 
 def test_wgmma_a8_row_rule_takes_one_wave_short_of_full_on_4096_to_4096(monkeypatch):
     """configs.wgmma_a8_row_declines against the run of 4096->4096 between M = 96 and 256 (both kernels
-    forced with row scales, an H100): at M = 96..256 the kernel the rule picks ran within 4% of the
-    faster one; at 160 and 192 (one wave of 96 CTAs) triton_a8 took twice as long. At M = 96 and 128
-    the rule gives the call to triton_a8 (configs.WGMMA_A8_ROW_SMALL_LAYER_M): 11% ahead at 128 here,
-    3.5% behind at 96 in this run, whose triton_a8 still read row 0 for its spare rows."""
+    forced with row scales, an H100): at M = 160..256 the kernel the rule picks ran within 4% of the
+    faster one; at 160 and 192 (one wave of 96 CTAs) triton_a8 took twice as long. (At M = 96 and 128
+    this run predates d190e12's cluster sums; the next test has the run the rule follows there.)"""
     monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
     cells = _bench_cells("h100/bench_linear_a8row_4096_mid_6b4e389.json")
     assert sorted(m for m, _, _ in cells) == [96, 128, 160, 192, 224, 256]
     for (m, n, k), times in cells.items():
         triton, wgmma = times["backend:triton_a8[a8 row]"], times["backend:cuda_wgmma_a8[a8 row]"]
         picked = triton if configs.wgmma_a8_row_declines(m, n, k, DEV) else wgmma
-        if m == 128:
-            assert picked == triton and 1.10 < wgmma / triton < 1.15
-        assert picked <= 1.04 * min(triton, wgmma), (m, picked, triton, wgmma)
+        if m > 128:
+            assert picked <= 1.04 * min(triton, wgmma), (m, picked, triton, wgmma)
     assert min(cells[(m, 4096, 4096)]["backend:triton_a8[a8 row]"] / cells[(m, 4096, 4096)]["backend:cuda_wgmma_a8[a8 row]"]
                for m in (160, 192)) > 1.9
 
@@ -558,7 +558,7 @@ def test_registry_row_a8_above_the_graphs_goes_to_the_one_cpp_launch(monkeypatch
     # inside a graph the table leaves it to triton_a8.
     assert registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024)) == (True, "")
     monkeypatch.setenv("TERNOP_GRAPH_MAX_M", "2049")
-    assert "on N <= 1024 at M = 256..2047" in registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024))[1]
+    assert "on N <= 1024 at M = 129..2047" in registry._can_cuda_wgmma_a8(call(2049, k=2048, n=1024))[1]
     for bad in ("lots", "-1"):
         monkeypatch.setenv("TERNOP_GRAPH_MAX_M", bad)
         with pytest.raises(ValueError, match="TERNOP_GRAPH_MAX_M"):
@@ -676,29 +676,31 @@ def test_eager_a16_rule_picks_the_faster_path_of_its_probe(monkeypatch):
     assert (moved, kept) == (2, 4)
 
 
-def test_wgmma_a8_row_rule_leaves_the_calls_triton_a8_starts_early_to_it(monkeypatch):
-    """Started early after the quantization (configs.triton_a8_starts_early), triton_a8 overtook
-    cuda_wgmma_a8 on 2048->1024 at M = 256 and 512 (both forced, row scales, one H100, the A/B run's
-    early half), by 10-12%. The rule leaves exactly those cells to it; on 3072->1024 (K above the
-    early start's limit at these M) it keeps the Hopper kernel, as before. Rows quantized beforehand
-    (ternop::linear_q8, no early start) keep the Hopper kernel everywhere here."""
+def test_wgmma_a8_row_rule_takes_the_n_1024_layers_since_the_cluster_sums(monkeypatch):
+    """Since d190e12 (the split-K cluster sums of cuda_wgmma_a8 load every rank before adding) the
+    Hopper kernel ran ahead of triton_a8, or level, on both N = 1024 layers at every M = 192..1024
+    that timed them (forced, row scales, with the quantization, triton_a8 started early where it
+    does; one H100): the rule gives it every one of those calls. Before, started early, triton_a8
+    had overtaken it on 2048->1024 at M = 256 and 512 (bench_linear_early_on_4d94a8d.json), by 10-12%."""
     _sm90(monkeypatch)
     monkeypatch.delenv("TERNOP_PDL", raising=False)
     monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
     monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
-    cells = _bench_cells("h100/bench_linear_early_on_4d94a8d.json")
-    both = {cell: times for cell, times in cells.items() if "backend:cuda_wgmma_a8[a8 row]" in times
-            and "backend:triton_a8[a8 row]" in times and cell[1] <= 1024}  # fmt: skip
-    assert sorted(both) == [(256, 1024, 2048), (256, 1024, 3072), (512, 1024, 2048), (512, 1024, 3072)]
-    for (m, n, k), times in both.items():
-        early = configs.triton_a8_starts_early(m, k, DEV)
-        assert early == (k == 2048), (m, k)
-        triton, wgmma = times["backend:triton_a8[a8 row]"], times["backend:cuda_wgmma_a8[a8 row]"]
-        left_to_triton = configs.wgmma_a8_row_declines(m, n, k, DEV, early) != ""
-        assert left_to_triton == early, (m, k)
-        if early:
-            assert triton < 0.92 * wgmma, (m, k, triton, wgmma)
-        assert configs.wgmma_a8_row_declines(m, n, k, DEV, triton_early=False) == ""
+    triton_row, wgmma_row = "backend:triton_a8[a8 row]", "backend:cuda_wgmma_a8[a8 row]"
+    points = {}
+    for run in ("h100/bench_linear_split_sums_d190e12.json", "h100/bench_linear_a8row_n1024_01fdd22.json"):
+        for cell, times in _bench_cells(run).items():
+            if cell[1] == 1024 and cell[0] > 128:
+                points[cell] = times
+    assert sorted({m for m, _, _ in points}) == [192, 256, 320, 384, 448, 512, 768, 1024]
+    assert sorted({k for _, _, k in points}) == [2048, 3072]
+    for (m, n, k), times in points.items():
+        assert times[wgmma_row] <= 1.02 * times[triton_row], (m, k, times[wgmma_row], times[triton_row])
+        assert configs.wgmma_a8_row_declines(m, n, k, DEV) == "", (m, k)
+    # Where triton_a8 started early had overtaken the kernel before: now well behind at 512.
+    assert points[(512, 1024, 2048)][triton_row] > 1.1 * points[(512, 1024, 2048)][wgmma_row]
+    before = _bench_cells("h100/bench_linear_early_on_4d94a8d.json")[(512, 1024, 2048)]
+    assert before[triton_row] < 0.92 * before[wgmma_row]
 
 
 def test_mma_a8_four_tiles_take_m_17_to_32_where_their_run_was_faster(monkeypatch):
@@ -969,11 +971,12 @@ def test_token_slab_rules_give_only_slabs_the_ops_take(monkeypatch):
 
 
 def test_wgmma_a8_row_rule_takes_short_k_layers_between_m_128_and_256(monkeypatch):
-    """configs.wgmma_a8_row_declines on the four 0.6B layers (K < 4096) between M = 128 and 448, against
-    an H100 run with both kernels forced and row scales, after triton_a8's spare rows stopped
+    """configs.wgmma_a8_row_declines on the two wide 0.6B layers (K = 1024) between M = 128 and 448,
+    against an H100 run with both kernels forced and row scales, after triton_a8's spare rows stopped
     reading one row (M = 160..448 from sweep_a8_b3b2dec.json, M = 256 from the A/B run's new rounds):
     at each point the rule's pick ran within 4% of the faster kernel, where the rule before left
-    M = 129..255 to triton_a8, which ran up to 1.25x as long on 1024->4096."""
+    M = 129..255 to triton_a8, which ran up to 1.25x as long on 1024->4096. (The N = 1024 layers of
+    that run predate d190e12: the test above holds them.)"""
     _sm90(monkeypatch)
     monkeypatch.delenv("TERNOP_PDL", raising=False)
     monkeypatch.setattr(configs, "_triton_has_gdc", lambda: True)
@@ -984,41 +987,43 @@ def test_wgmma_a8_row_rule_takes_short_k_layers_between_m_128_and_256(monkeypatc
                 for impl, us in times.items():
                     cells[cell][impl] = cells[cell].get(impl, 0.0) + us / 2
     triton_row, wgmma_row = "backend:triton_a8[a8 row]", "backend:cuda_wgmma_a8[a8 row]"
-    points = {cell: times for cell, times in cells.items() if cell[2] < 4096 and cell[0] > 128}
+    points = {cell: times for cell, times in cells.items() if cell[2] < 4096 and cell[0] > 128 and cell[1] > 1024}
     assert sorted({m for m, _, _ in points}) == [160, 192, 224, 256, 320, 384, 448]
-    assert sorted({(n, k) for _, n, k in points}) == [(1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024)]
+    assert sorted({(n, k) for _, n, k in points}) == [(4096, 1024), (6144, 1024)]
     for (m, n, k), times in points.items():
-        early = configs.triton_a8_starts_early(m, k, DEV)
         triton, wgmma = times[triton_row], times[wgmma_row]
-        picked = triton if configs.wgmma_a8_row_declines(m, n, k, DEV, early) else wgmma
+        picked = triton if configs.wgmma_a8_row_declines(m, n, k, DEV) else wgmma
         assert picked <= 1.04 * min(triton, wgmma), (m, n, k, picked, triton, wgmma)
     # The points the change moved, and by how much the old pick (triton_a8) was behind there.
-    moved = {cell: times[triton_row] / times[wgmma_row] for cell, times in points.items() if cell[0] <= 192}
+    moved = {cell: times[triton_row] / times[wgmma_row] for cell, times in points.items() if cell[0] <= 256}
     assert max(moved.values()) > 1.2 and min(moved.values()) > 1.0, moved
 
 
-def test_wgmma_a8_row_rule_leaves_4096_to_4096_at_m_96_to_128_to_triton(monkeypatch):
-    """At M = 96..128 on the layers with N * K <= 2^24 (4096->4096 of the eight) triton_a8 ran ahead of
-    cuda_wgmma_a8 with row scales in every committed run that timed both at M = 128 (H100 and H200),
-    and at 96 once its spare rows read real rows (sweep_a8_b3b2dec.json); the larger K >= 4096 layers
-    keep the Hopper kernel there."""
+def test_wgmma_a8_row_rule_takes_4096_to_4096_at_m_96_to_128_since_the_cluster_sums(monkeypatch):
+    """At M = 96..128 on 4096->4096 (N * K = 2^24) triton_a8 ran ahead of cuda_wgmma_a8 with row
+    scales at M = 128 in every committed run that timed both before d190e12 (H100 and H200), where
+    the Hopper kernel's split launches waited on their cluster sums in series. Since, on one H100,
+    the Hopper kernel ran 0.92-0.95 of triton_a8's time at M = 96, 112 and 128 (started early after
+    the quantization), and the rule gives it those calls."""
     _sm90(monkeypatch)
+    monkeypatch.setitem(configs._SM_COUNT_CACHE, 0, 132)
+    triton_row, wgmma_row = "backend:triton_a8[a8 row]", "backend:cuda_wgmma_a8[a8 row]"
     ratios = []
     for path in sorted(RESULTS.glob("h*/*.json")):
         try:
             cells = _bench_cells(str(path.relative_to(RESULTS)))
+            commit = json.loads(path.read_text())["commit"]
         except (KeyError, TypeError, ValueError):
             continue  # not a bench_linear run
         times = cells.get((128, 4096, 4096), {})
-        if "backend:triton_a8[a8 row]" in times and "backend:cuda_wgmma_a8[a8 row]" in times:
-            ratios.append(times["backend:triton_a8[a8 row]"] / times["backend:cuda_wgmma_a8[a8 row]"])
+        if triton_row in times and wgmma_row in times and commit != "01fdd22":
+            ratios.append(times[triton_row] / times[wgmma_row])
     assert len(ratios) >= 20 and max(ratios) < 1.0, ratios
-    sweep = _bench_cells("h100/sweep_a8_b3b2dec.json")[(96, 4096, 4096)]
-    assert sweep["backend:triton_a8[a8 row]"] < 0.9 * sweep["backend:cuda_wgmma_a8[a8 row]"]
-    for m in (96, 112, 128):
-        assert "triton_a8 is faster at M = 96..128" in configs.wgmma_a8_row_declines(m, 4096, 4096, DEV)
-    for m, n, k in ((95, 4096, 4096), (129, 4096, 4096), (128, 4096, 14336), (128, 14336, 4096), (96, 28672, 4096)):
-        assert configs.wgmma_a8_row_declines(m, n, k, DEV) == "", (m, n, k)
+    cells = _bench_cells("h100/bench_linear_a8row_4096_01fdd22.json")
+    assert sorted(cells) == [(96, 4096, 4096), (112, 4096, 4096), (128, 4096, 4096)]
+    for (m, n, k), times in cells.items():
+        assert times[wgmma_row] < 0.96 * times[triton_row], (m, times)
+        assert configs.wgmma_a8_row_declines(m, n, k, DEV) == "", m
 
 
 def test_wgmma_a8_row_last_wave_rule_stops_at_k_8192(monkeypatch):
