@@ -940,6 +940,25 @@ def test_linear_cuda_wgmma_a8_row_scale_tiles_equal_the_reference_bit_for_bit():
             assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist(), (y - want).abs().max())
 
 
+def _assert_row_tiles_equal_the_q8_reference(x, v1, dtype, tiles):
+    """cuda_wgmma_a8 with row scales and a bias, on each of ``tiles`` forced, gives the bits of the CPU
+    reference from the same q and s_x in ``dtype``."""
+    from ternop.cuda.launch_fused import quantize_rows
+
+    (m, k), n = x.shape, v1.shape[0]
+    row = _row_scale(n)
+    packed = layouts.repack(v1, "a8")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
+    q, qs = quantize_rows(x)
+    want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), bias.cpu(), out_dtype=dtype, layout="a8")
+    for tile in tiles:
+        y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, dtype, tile).cpu()
+        assert y.dtype == dtype
+        bad = (y != want).nonzero()
+        assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist())
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_linear_cuda_wgmma_a8_shared_memory_tiles_store_every_dtype_bit_for_bit(dtype):
     """The shared-memory tiles (4 and 5) stage 16-bit outputs as packed pairs (stmatrix) and fp32 ones
@@ -947,25 +966,13 @@ def test_linear_cuda_wgmma_a8_shared_memory_tiles_store_every_dtype_bit_for_bit(
     bit, with a bias, on ragged M and N. On the long layer x is all ones (q = 127) and weight
     rows 0 and 1 are all +1 and all -1, so that |S| = 127 K there, the largest sums an
     absmax-quantized x makes: 127 * 32768 still converts to fp32 exactly."""
-    from ternop.cuda.launch_fused import quantize_rows
-
     for m, k, n in [(300, 1024, 264), (520, 4096, 200), (256, 32768, 136)]:
         v1, _ = _weights(n, k)
         x = torch.randn(m, k, device="cuda")
         if k > 4096:
             x[:] = 1.0
             v1[0], v1[1] = 0x55, 0xAA  # codes 0b01 (+1) and 0b10 (-1)
-        row = _row_scale(n)
-        packed = layouts.repack(v1, "a8")
-        bias = torch.randn(n, device="cuda").to(dtype)
-        _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
-        q, qs = quantize_rows(x)
-        want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), bias.cpu(), out_dtype=dtype, layout="a8")
-        for tile in (4, 5):
-            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, dtype, tile).cpu()
-            assert y.dtype == dtype
-            bad = (y != want).nonzero()
-            assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist())
+        _assert_row_tiles_equal_the_q8_reference(x, v1, dtype, (4, 5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -974,22 +981,10 @@ def test_linear_cuda_wgmma_a8_split_k_stores_every_dtype_bit_for_bit(dtype):
     the cluster's CTAs add their sums four rows at a time: each output dtype equals the CPU
     reference from the same q and s_x bit for bit, with a bias, where N is a multiple of four (the
     four outputs leave in one store) and where it is not (the last quad is cut at N)."""
-    from ternop.cuda.launch_fused import quantize_rows
-
     for m, k, n in [(50, 2048, 1024), (40, 1024, 130), (100, 2048, 262), (200, 3072, 1024), (300, 2048, 1024)]:
         v1, _ = _weights(n, k)
         x = torch.randn(m, k, device="cuda")
-        row = _row_scale(n)
-        packed = layouts.repack(v1, "a8")
-        bias = torch.randn(n, device="cuda").to(dtype)
-        _skip_unavailable("cuda_wgmma_a8", x, packed, row, bits=8, layout="a8")
-        q, qs = quantize_rows(x)
-        want = ternop.linear_q8(q.cpu(), qs.cpu(), packed.cpu(), row.cpu(), bias.cpu(), out_dtype=dtype, layout="a8")
-        for tile in (0, 1, 2, 3):
-            y = torch.ops.ternop.linear_cuda_wgmma_a8(q, qs, packed, row, bias, dtype, tile).cpu()
-            assert y.dtype == dtype
-            bad = (y != want).nonzero()
-            assert bad.numel() == 0, (m, k, n, tile, len(bad), bad[:8].tolist())
+        _assert_row_tiles_equal_the_q8_reference(x, v1, dtype, (0, 1, 2, 3))
 
 
 def _assert_a8_row_capture_and_compile_match_eager(x, packed, row):
