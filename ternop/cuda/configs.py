@@ -504,7 +504,7 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 #   14.1, 14.0 and 14.0 us at M = 96, 112 and 128 against triton_a8's 14.8, 14.9 and 15.3, started
 #   early after the quantization (an H100, results/h100/bench_linear_a8row_4096_01fdd22.json).
 #   The rule that gave triton_a8 these M is gone.
-# - The N = 1024 layers at M = 256..1023 since d190e12 (an H100,
+# - The N = 1024 layers at M = 256..1024 since d190e12 (an H100,
 #   results/h100/bench_linear_a8row_n1024_01fdd22.json, both forced, with the quantization): ahead of
 #   triton_a8 started early, which had overtaken the split launches at M = 256 and 512 on 2048->1024
 #   (results/h100/bench_linear_early_on_4d94a8d.json): level at 256 (10.6 against 10.8 us), 0.78-0.85
