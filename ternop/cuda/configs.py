@@ -507,8 +507,8 @@ def dequant_a8_declines(m: int, n: int, device: torch.device) -> str:
 # - The N = 1024 layers at M = 256..1024 since d190e12 (an H100,
 #   results/h100/bench_linear_a8row_n1024_01fdd22.json, both forced, with the quantization): ahead of
 #   triton_a8 started early, which had overtaken the split launches at M = 256 and 512 on 2048->1024
-#   (results/h100/bench_linear_early_on_4d94a8d.json): level at 256 (10.6 against 10.8 us), 0.78-0.85
-#   of its time at M = 320..512 (10.5-11.3 against 12.8-12.9) and 0.86 at 768; on 3072->1024 0.68-0.92
+#   (results/h100/bench_linear_early_on_4d94a8d.json): level at 256 (10.6 against 10.8 us), 0.82-0.88
+#   of its time at M = 320..1024 (10.5-11.3 against 12.8-12.9 at 320..512); on 3072->1024 0.68-0.92
 #   at M = 256..1024.
 # From M = 2048 dequant_a8 goes first; at M >= 2048 with K < 4096 triton_a8 was faster (0.6B layers,
 # sweep_wgmma_a8_row_0da2207.json against bench_linear_3c8c22a.json) than the register-operand tiles.
