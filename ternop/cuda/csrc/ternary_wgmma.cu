@@ -325,21 +325,6 @@ __device__ __forceinline__ void stage_tile(uint8_t* tile, const float (&acc)[Cfg
     }
 }
 
-// Stores eight outputs of row n.. of token m from fp32 sums: 16 bytes where N allows.
-template <typename T>
-__device__ __forceinline__ void store8(T* __restrict__ out, int m, int n, int N, const float (&v)[8]) {
-  T* d = out + static_cast<int64_t>(m) * N + n;
-  if (N % 8 == 0) {
-    uint4 packed;
-    T* p = reinterpret_cast<T*>(&packed);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) p[e] = Fp<T>::from_float(v[e]);
-    *reinterpret_cast<uint4*>(d) = packed;
-  } else {
-    for (int e = 0; e < 8 && n + e < N; ++e) d[e] = Fp<T>::from_float(v[e]);
-  }
-}
-
 // A CTA's tile of E (x's dtype with the bias for a whole-K CTA; fp32 for a split's partial
 // [M, N] slice), staged, leaves in 16-byte stores.
 template <typename E, typename Cfg, typename T, int R>
@@ -385,7 +370,10 @@ __device__ __forceinline__ void cluster_reduce_store(uint8_t* tile, const float 
     if (bias != nullptr)
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += Fp<T>::to_float(bias[min(n + e, N - 1)]);
-    store8<T>(out, m, n, N, v);
+    T o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = Fp<T>::from_float(v[e]);
+    store_run<T, 8>(out + static_cast<int64_t>(m) * N + n, n, N, o);
   }
   cluster_sync();
 #endif

@@ -8,6 +8,7 @@
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <type_traits>
 
 #include "ternary_common.cuh"
 
@@ -224,6 +225,25 @@ __device__ __forceinline__ void copy_tile_out(const uint8_t* tile, E* __restrict
     } else {
       for (int e = 0; e < V && n + e < N; ++e) d[e] = reinterpret_cast<const E*>(src)[e];
     }
+  }
+}
+
+// E outputs of one token from column n of a row of N (d points at the first): one 8- or 16-byte
+// store where N is a multiple of E (so is n, so the run is in bounds and aligned), element by
+// element up to N otherwise. The epilogues that add the CTAs of a split of K store through it.
+template <typename T, int E>
+__device__ __forceinline__ void store_run(T* __restrict__ d, int n, int N, const T (&o)[E]) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * E;
+  static_assert(kBytes == 8 || kBytes == 16, "one 8- or 16-byte store");
+  using V = std::conditional_t<kBytes == 16, uint4, uint2>;
+  if (N % E == 0) {
+    V packed;
+    T* p = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int e = 0; e < E; ++e) p[e] = o[e];
+    *reinterpret_cast<V*>(d) = packed;
+  } else {
+    for (int e = 0; e < E && n + e < N; ++e) d[e] = o[e];
   }
 }
 

@@ -242,19 +242,7 @@ __device__ __forceinline__ void split_reduce_store(uint8_t* smem, const int32_t 
       T o[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[e] = scaled_out<T>(__fmul_rn(static_cast<float>(sum[e]), sw[e]), sx, bv[e]);
-      if (N % 4 == 0) {  // n is a multiple of 4, so the four outputs are in bounds and aligned
-        if constexpr (sizeof(T) == 2) {
-          uint2 packed;
-          T* p = reinterpret_cast<T*>(&packed);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) p[e] = o[e];
-          *reinterpret_cast<uint2*>(d) = packed;
-        } else {
-          *reinterpret_cast<float4*>(d) = make_float4(o[0], o[1], o[2], o[3]);
-        }
-      } else {
-        for (int e = 0; e < 4 && n + e < N; ++e) d[e] = o[e];
-      }
+      store_run<T, 4>(d, n, N, o);
     }
   }
   cluster_sync();
