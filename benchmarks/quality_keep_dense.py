@@ -32,7 +32,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from quality_a8 import ternop  # noqa: E402
-from quality_minilm import _dense_layers, checkpoint_bytes, markdown, minilm_dir, row_spec, score  # noqa: E402
+from quality_minilm import checkpoint_bytes, dense_layers, markdown, minilm_dir, row_spec, score  # noqa: E402
 from stamp import git_commit  # noqa: E402
 
 ARTIFACT = HERE.parent / "artifacts" / "all-MiniLM-L6-v2-ternary" / "model.safetensors"
@@ -98,7 +98,7 @@ def main() -> int:
             rank = dst
         row, _ = score(dst, suite, ref)
         rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": ["ternop", *argv],
-                     "reused": name in reuse, "seconds": seconds, "dense_layers": _dense_layers(dst)})  # fmt: skip
+                     "reused": name in reuse, "seconds": seconds, "dense_layers": dense_layers(dst)})  # fmt: skip
         print(markdown(rows, rows[0]["encoder_linear_bytes_fp16_dense"]), flush=True)
     table = markdown(rows, rows[0]["encoder_linear_bytes_fp16_dense"])
     result = {

@@ -209,7 +209,7 @@ def main() -> int:
             cmd, how = "ternop " + cmd, "run by this script"
         row, _ = score(dst, suite, ref)
         rows.append({"name": name, **row, **checkpoint_bytes(dst), "command": cmd, "how": how, "seconds": seconds,
-                     "dense_layers": _dense_layers(dst), "commit": commit})  # fmt: skip
+                     "dense_layers": dense_layers(dst), "commit": commit})  # fmt: skip
         print(markdown(rows, fp16_bytes), flush=True)
     for name, path, seconds in map(row_spec, args.artifact):
         dst = str(work / Path(path).stem)
@@ -248,7 +248,8 @@ def main() -> int:
     return 0
 
 
-def _dense_layers(path: str) -> list[str]:
+def dense_layers(path: str) -> list[str]:
+    """The encoder layers a checkpoint keeps dense (its ``modules_to_not_convert``)."""
     from ternop.checkpoint import read_quant_config
 
     return [m for m in read_quant_config(path).get("modules_to_not_convert", []) if m.startswith("encoder.")]
