@@ -252,17 +252,20 @@ def _hopper_ready(monkeypatch):
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results"
 
 
-def _bench_cells(path: str, field: str = "us") -> dict:
-    """A committed bench_linear run (``path`` under benchmarks/results/) as {(M, N, K): {impl: us}}, or
-    another of its rows' fields (``speedup_vs_bf16``)."""
+def _cells(run: dict, field: str = "us") -> dict:
+    """A bench_linear run's JSON as {(M, N, K): {impl: us}}, or another of its rows' fields
+    (``speedup_vs_bf16``)."""
     import collections
-    import json
 
     cells = collections.defaultdict(dict)
-    run = RESULTS / path
-    for row in json.loads(run.read_text())["results"]:
+    for row in run["results"]:
         cells[(row["M"], row["N"], row["K"])][row["impl"]] = row[field]
     return cells
+
+
+def _bench_cells(path: str, field: str = "us") -> dict:
+    """A committed bench_linear run (``path`` under benchmarks/results/), as ``_cells`` gives it."""
+    return _cells(json.loads((RESULTS / path).read_text()), field)
 
 
 def _shape_call(m, k=4096, n=14336, scales=1, bits=8, layout="a8"):
@@ -1011,8 +1014,8 @@ def test_wgmma_a8_row_rule_takes_4096_to_4096_at_m_96_to_128_since_the_cluster_s
     ratios = []
     for path in sorted(RESULTS.glob("h*/*.json")):
         try:
-            cells = _bench_cells(str(path.relative_to(RESULTS)))
-            commit = json.loads(path.read_text())["commit"]
+            run = json.loads(path.read_text())
+            cells, commit = _cells(run), run["commit"]
         except (KeyError, TypeError, ValueError):
             continue  # not a bench_linear run
         times = cells.get((128, 4096, 4096), {})
